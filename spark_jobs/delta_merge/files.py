@@ -1,0 +1,57 @@
+"""Data files as the Delta log knows them: live files of a snapshot and files a merge wrote."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["FileStats", "LiveFile", "WrittenFile"]
+
+
+@dataclass(frozen=True)
+class FileStats:
+    """Parsed ``add.stats``: per-column bounds as the log records them (nested dicts for structs).
+
+    Values are as JSON decoded them: numbers, strings (dates, timestamps, strings), booleans.
+    A column missing from ``min_values`` / ``max_values`` has no bound and must not prune.
+    """
+
+    num_records: int | None
+    min_values: Mapping[str, Any] = field(default_factory=dict)
+    max_values: Mapping[str, Any] = field(default_factory=dict)
+    null_count: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class LiveFile:
+    """One live ``add`` action of a snapshot.
+
+    :param path: ``add.path`` exactly as in the log: relative to the table root and percent-encoded
+        (or an absolute URI for shallow-cloned tables).
+    :param partition_values: serialized partition values as in the log (None for NULL).
+    :param has_deletion_vector: the file carries a deletion vector (its rows are not all live).
+    """
+
+    path: str
+    size: int
+    partition_values: Mapping[str, str | None]
+    stats: FileStats | None
+    modification_time: int
+    has_deletion_vector: bool = False
+
+
+@dataclass(frozen=True)
+class WrittenFile:
+    """A Parquet file the merge wrote, ready to become an ``add`` action.
+
+    :param path: relative to the table root, percent-encoded as ``add.path`` must be.
+    :param stats_json: Delta statistics JSON (numRecords, minValues, maxValues, nullCount).
+    """
+
+    path: str
+    size: int
+    partition_values: Mapping[str, str | None]
+    stats_json: str
+    num_records: int
+    modification_time: int
