@@ -1,0 +1,83 @@
+"""spark-submit entry point: run one merge from a spec and print its metrics as one JSON line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from typing import Any
+
+if __package__ in (None, ""):
+    # Run as a file by spark-submit: make the `spark_jobs` package importable from the source tree
+    # (a --py-files zip or an installed package takes precedence when present).
+    sys.path.append(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+METRICS_PREFIX = "MERGE_METRICS_JSON="
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="delta_merge", description="Run one Delta Lake MERGE INTO on Spark.")
+    group = parser.add_mutually_exclusive_group(required=True)
+    group.add_argument("--spec", help="path of the merge spec JSON file")
+    group.add_argument("--spec-json", help="the merge spec as a JSON string")
+    return parser.parse_args(argv)
+
+
+def _configure_logging() -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("[delta-merge] %(message)s"))
+    logger = logging.getLogger("delta_merge")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    # PySpark logs every analysis error with its JVM stack before raising it; the job reports causes itself.
+    for name in ("SQLQueryContextLogger", "py4j", "pyspark"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
+def _load_spec(args: argparse.Namespace) -> Any:
+    from spark_jobs.delta_merge.spec import MergeSpec
+
+    if args.spec is not None:
+        with open(args.spec, encoding="utf-8") as handle:
+            return MergeSpec.from_json(handle.read())
+    return MergeSpec.from_json(args.spec_json)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the merge; exit 0 after printing the metrics line, non-zero with the cause as last stderr line."""
+    args = _parse_args(argv)
+    _configure_logging()
+    from spark_jobs.delta_merge.errors import MergeJobError
+
+    spark = None
+    cause: str | None = None
+    code = 0
+    try:
+        spec = _load_spec(args)
+        spec.validate()
+        from pyspark.sql import SparkSession
+
+        from spark_jobs.delta_merge.pipeline import run_merge
+
+        spark = SparkSession.builder.appName(f"delta-merge {spec.target.uri}").getOrCreate()
+        spark.sparkContext.setLogLevel("WARN")
+        metrics = run_merge(spark, spec)
+        print(METRICS_PREFIX + json.dumps(metrics.to_dict(), sort_keys=True), flush=True)
+    except MergeJobError as exc:
+        cause, code = f"MERGE failed: {type(exc).__name__}: {exc}", 1
+    except Exception as exc:  # noqa: BLE001 - anything else still has to end as one clear line
+        cause, code = f"MERGE failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}", 2
+    finally:
+        if spark is not None:
+            spark.stop()
+    if cause is not None:
+        sys.stderr.flush()
+        print(" ".join(cause.split()), file=sys.stderr, flush=True)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

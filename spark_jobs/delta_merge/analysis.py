@@ -1,0 +1,333 @@
+"""Resolve a parsed merge against the target and source schemas, as Delta's PreprocessTableMerge does.
+
+The result says, for every clause, which value each column of the final table schema takes. It is built
+from empty DataFrames only: analysis runs no Spark job and reads no data.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from pyspark.errors import AnalysisException
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import DataType, NullType, StructField, StructType
+
+from spark_jobs.delta_merge.errors import MergeAnalysisError
+from spark_jobs.delta_merge.evolution import evolve_schema
+from spark_jobs.delta_merge.expressions import column_refs, qualify_to_side, split_conjuncts
+from spark_jobs.delta_merge.spec import MergeClause, MergeOptions, ParsedMerge
+from spark_jobs.delta_merge.store_assignment import find_field, store_assign
+
+__all__ = ["MergePlan", "ResolvedClause", "resolve_merge"]
+
+
+@dataclass(frozen=True)
+class ResolvedClause:
+    """A clause ready to run: its condition and, for updates and inserts, one value per output column."""
+
+    when: str
+    action: str
+    condition: str | None
+    outputs: tuple[Column, ...] | None
+
+
+@dataclass(frozen=True)
+class MergePlan:
+    """Everything the later stages need to know about the statement."""
+
+    target_alias: str
+    source_alias: str
+    condition: str
+    clauses: tuple[ResolvedClause, ...]
+    target_schema: StructType
+    final_schema: StructType
+    source_columns: tuple[str, ...]
+    target_only_predicates: tuple[str, ...]
+    parsed: ParsedMerge
+    copy_values: tuple[Column, ...]
+
+    @property
+    def schema_changed(self) -> bool:
+        return self.final_schema != self.target_schema
+
+    def clauses_of(self, when: str) -> tuple[ResolvedClause, ...]:
+        return tuple(c for c in self.clauses if c.when == when)
+
+    def only_inserts(self) -> MergePlan:
+        """The plan restricted to its NOT MATCHED clauses (for writing only inserts)."""
+        return replace(self, clauses=self.clauses_of("not_matched"))
+
+
+_CLAUSE_NAMES = {
+    ("matched", "update"): "UPDATE",
+    ("matched", "update_all"): "UPDATE",
+    ("matched", "delete"): "DELETE",
+    ("not_matched", "insert"): "INSERT",
+    ("not_matched", "insert_all"): "INSERT",
+    ("not_matched_by_source", "update"): "UPDATE",
+    ("not_matched_by_source", "delete"): "DELETE",
+}
+_UNRESOLVED = re.compile(r"name (`[^ ]+`) cannot be resolved")
+
+
+def _quote(parts: Sequence[str]) -> str:
+    return ".".join(f"`{p}`" for p in parts)
+
+
+class _Resolver:
+    def __init__(
+        self, spark: SparkSession, parsed: ParsedMerge, target_schema: StructType,
+        source_schema: StructType, options: MergeOptions,
+    ) -> None:
+        self.parsed = parsed
+        self.t = parsed.target_alias
+        self.s = parsed.source_alias
+        self.target_schema = target_schema
+        self.source_schema = source_schema
+        self.options = options
+        self.target_df = spark.createDataFrame([], target_schema).alias(self.t)
+        self.source_df = spark.createDataFrame([], source_schema).alias(self.s)
+        self.joined_df = self.source_df.crossJoin(self.target_df)
+        self.final_schema = evolve_schema(parsed, target_schema, source_schema, enabled=options.schema_evolution)
+
+    # -- resolution helpers -------------------------------------------------------------------------
+    def _columns_of(self, df: DataFrame) -> str:
+        names: list[str] = []
+        if df is not self.target_df:
+            names += [f"{self.s}.{f.name}" for f in self.source_schema.fields]
+        if df is not self.source_df:
+            names += [f"{self.t}.{f.name}" for f in self.target_schema.fields]
+        return ", ".join(names)
+
+    def expr_type(self, sql: str, df: DataFrame, where: str) -> DataType:
+        try:
+            return df.select(F.expr(sql)).schema.fields[0].dataType
+        except AnalysisException as exc:
+            message = str(exc)
+            match = _UNRESOLVED.search(message)
+            if match:
+                raise MergeAnalysisError(
+                    f"cannot resolve {match.group(1)} in {where} given columns {self._columns_of(df)}. "
+                    "Check the column name and the alias it is qualified with."
+                ) from exc
+            raise MergeAnalysisError(f"Invalid expression in {where}: {sql}: {message.splitlines()[0]}") from exc
+
+    def side_sql(self, sql: str, clause: MergeClause, where: str) -> tuple[str, DataFrame]:
+        """The expression qualified for the rows the clause sees, and the DataFrame to resolve it on."""
+        if clause.when == "matched":
+            return sql, self.joined_df
+        if clause.when == "not_matched":
+            alias, other, other_cols, df = self.s, self.t, self.target_schema.fieldNames(), self.source_df
+        else:
+            alias, other, other_cols, df = self.t, self.s, self.source_schema.fieldNames(), self.target_df
+        del other_cols
+        qualified, foreign = qualify_to_side(sql, alias=alias, other_alias=other, other_columns=[])
+        if foreign:
+            raise MergeAnalysisError(
+                f"cannot resolve {foreign[0]} in {where} given columns {self._columns_of(df)}. "
+                f"A {'NOT MATCHED' if clause.when == 'not_matched' else 'NOT MATCHED BY SOURCE'} clause "
+                "sees only the "
+                f"{'source' if clause.when == 'not_matched' else 'target'} row."
+            )
+        return qualified, df
+
+    # -- clauses ------------------------------------------------------------------------------------
+    def resolve(self) -> MergePlan:
+        self.expr_type(self.parsed.condition, self.joined_df, "search condition")
+        clauses = tuple(self._clause(c) for c in self.parsed.clauses)
+        return MergePlan(
+            target_alias=self.t,
+            source_alias=self.s,
+            condition=self.parsed.condition,
+            clauses=clauses,
+            target_schema=self.target_schema,
+            final_schema=self.final_schema,
+            source_columns=self._referenced_source_columns(),
+            target_only_predicates=self._target_only_predicates(),
+            parsed=self.parsed,
+            copy_values=tuple(self._target_value(f) for f in self.final_schema.fields),
+        )
+
+    def _clause(self, clause: MergeClause) -> ResolvedClause:
+        name = _CLAUSE_NAMES[(clause.when, clause.action)]
+        condition = None
+        if clause.condition is not None:
+            condition, df = self.side_sql(clause.condition, clause, f"{name} condition")
+            self.expr_type(condition, df, f"{name} condition")
+        outputs: tuple[Column, ...] | None = None
+        if clause.action == "update_all":
+            outputs = self._star(clause, update=True)
+        elif clause.action == "insert_all":
+            outputs = self._star(clause, update=False)
+        elif clause.action in ("update", "insert"):
+            outputs = self._explicit(clause, update=clause.action == "update", where=f"{name} clause")
+        return ResolvedClause(clause.when, clause.action, condition, outputs)
+
+    def _target_value(self, field: StructField) -> Column:
+        """The current target value widened to the final type (NULL for a column the merge adds)."""
+        existing = find_field(self.target_schema, field.name)
+        if existing is None:
+            return F.lit(None).cast(field.dataType)
+        return self._assign(
+            F.col(_quote((self.t, existing.name))), existing.dataType, field.dataType, field.name,
+            allow_missing=True,
+        )
+
+    def _assign(
+        self, value: Column, src: DataType, dst: DataType, column: str, *, allow_missing: bool
+    ) -> Column:
+        return store_assign(
+            value, src, dst, policy=self.options.store_assignment_policy,
+            by_name=self.options.resolve_structs_by_name, column=column,
+            allow_missing_fields=allow_missing or self.options.schema_evolution,
+        )
+
+    def _star(self, clause: MergeClause, *, update: bool) -> tuple[Column, ...]:
+        df = self.joined_df if update else self.source_df
+        where = "UPDATE clause" if update else "INSERT clause"
+        outputs: list[Column] = []
+        for field in self.final_schema.fields:
+            source_field = find_field(self.source_schema, field.name)
+            if source_field is None or isinstance(source_field.dataType, NullType) and update:
+                if self.options.schema_evolution or find_field(self.target_schema, field.name) is None:
+                    value = self._target_value(field) if update else F.lit(None).cast(field.dataType)
+                    outputs.append(value.alias(field.name))
+                    continue
+                raise MergeAnalysisError(
+                    f"cannot resolve {self.s}.{field.name} in {where} given columns {self._columns_of(df)}. "
+                    f"`{'UPDATE SET *' if update else 'INSERT *'}` needs a source column for every target "
+                    "column; enable options.schema_evolution or list the columns explicitly."
+                )
+            value = F.col(_quote((self.s, source_field.name)))
+            outputs.append(
+                self._assign(value, source_field.dataType, field.dataType, field.name, allow_missing=False)
+                .alias(field.name)
+            )
+        return tuple(outputs)
+
+    def _explicit(self, clause: MergeClause, *, update: bool, where: str) -> tuple[Column, ...]:
+        # A tree of assignments: {column: {"": value} | {field: ...}} keyed by lower-cased name.
+        tree: dict[str, Any] = {}
+        for assignment in clause.assignments:
+            path = self._resolve_path(assignment.column, where, update=update)
+            node = tree
+            for part in path[:-1]:
+                node = node.setdefault(part.lower(), {})
+            node[path[-1].lower()] = {"": assignment.value}
+        outputs: list[Column] = []
+        for field in self.final_schema.fields:
+            node = tree.get(field.name.lower())
+            if node is None:
+                value = self._target_value(field) if update else F.lit(None).cast(field.dataType)
+            else:
+                value = self._node_value(node, field, clause, where, (field.name,), update=update)
+            outputs.append(value.alias(field.name))
+        return tuple(outputs)
+
+    def _node_value(
+        self, node: dict[str, Any], field: StructField, clause: MergeClause, where: str,
+        path: tuple[str, ...], *, update: bool,
+    ) -> Column:
+        if "" in node:
+            sql, df = self.side_sql(node[""], clause, where)
+            src_type = self.expr_type(sql, df, where)
+            return self._assign(F.expr(sql), src_type, field.dataType, ".".join(path), allow_missing=False)
+        struct = field.dataType
+        assert isinstance(struct, StructType)
+        target_struct = self._target_type(path)
+        base = F.col(_quote((self.t, *path)))
+        children: list[Column] = []
+        for child in struct.fields:
+            child_node = node.get(child.name.lower())
+            child_path = (*path, child.name)
+            if child_node is not None:
+                value = self._node_value(child_node, child, clause, where, child_path, update=update)
+            elif isinstance(target_struct, StructType) and find_field(target_struct, child.name) is not None:
+                existing = find_field(target_struct, child.name)
+                assert existing is not None
+                value = self._assign(
+                    base.getField(existing.name), existing.dataType, child.dataType, ".".join(child_path),
+                    allow_missing=True,
+                )
+            else:
+                value = F.lit(None).cast(child.dataType)
+            children.append(value.alias(child.name))
+        return F.struct(*children)
+
+    def _target_type(self, path: Sequence[str]) -> DataType | None:
+        current: DataType = self.target_schema
+        for part in path:
+            if not isinstance(current, StructType):
+                return None
+            found = find_field(current, part)
+            if found is None:
+                return None
+            current = found.dataType
+        return current
+
+    def _resolve_path(self, column: Sequence[str], where: str, *, update: bool) -> tuple[str, ...]:
+        current: DataType = self.final_schema
+        resolved: list[str] = []
+        for index, part in enumerate(column):
+            found = find_field(current, part) if isinstance(current, StructType) else None
+            if found is None:
+                given = ", ".join(f"{self.t}.{f.name}" for f in self.target_schema.fields)
+                if index > 0 and not isinstance(current, StructType):
+                    raise MergeAnalysisError(
+                        f"Cannot update {_quote(column)} in {where}: `{'.'.join(resolved)}` is not a struct."
+                    )
+                raise MergeAnalysisError(
+                    f"cannot resolve {'.'.join(column)} in {where} given columns {given}. "
+                    "The assigned column must exist in the target table (or, with schema evolution, in "
+                    "the source under the same name)."
+                )
+            resolved.append(found.name)
+            current = found.dataType
+        return tuple(resolved)
+
+    # -- what later stages need ---------------------------------------------------------------------
+    def _referenced_source_columns(self) -> tuple[str, ...]:
+        if any(c.action in ("update_all", "insert_all") for c in self.parsed.clauses):
+            return tuple(self.source_schema.fieldNames())
+        texts = [self.parsed.condition]
+        for clause in self.parsed.clauses:
+            texts += [clause.condition] if clause.condition else []
+            texts += [a.value for a in clause.assignments]
+        names: set[str] = set()
+        for text in texts:
+            for ref in column_refs(text):
+                names.update(p.lower() for p in ref.parts[:2])
+        return tuple(f.name for f in self.source_schema.fields if f.name.lower() in names)
+
+    def _is_target_only(self, sql: str) -> bool:
+        target_names = {n.lower() for n in self.target_schema.fieldNames()}
+        source_names = {n.lower() for n in self.source_schema.fieldNames()}
+        for ref in column_refs(sql):
+            first = ref.parts[0].lower()
+            if len(ref.parts) > 1 and first == self.t.lower():
+                continue
+            if len(ref.parts) > 1 and first == self.s.lower():
+                return False
+            if first not in target_names or first in source_names:
+                return False
+        return True
+
+    def _target_only_predicates(self) -> tuple[str, ...]:
+        predicates = [p for p in split_conjuncts(self.parsed.condition) if self._is_target_only(p)]
+        matched = self.parsed.clauses_of("matched")
+        if self.parsed.is_matched_only and all(c.condition for c in matched):
+            combined = " OR ".join(f"({c.condition})" for c in matched)
+            predicates += [p for p in split_conjuncts(combined) if self._is_target_only(p)]
+        return tuple(predicates)
+
+
+def resolve_merge(
+    spark: SparkSession, parsed: ParsedMerge, *, target_schema: StructType, source_schema: StructType,
+    options: MergeOptions,
+) -> MergePlan:
+    """Resolve every expression of the merge; raise :class:`MergeAnalysisError` on what Delta rejects."""
+    return _Resolver(spark, parsed, target_schema, source_schema, options).resolve()

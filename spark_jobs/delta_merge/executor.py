@@ -1,0 +1,195 @@
+"""The two merge executors: insert-only (append, never rewrite) and classic (find touched files, rewrite)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from pyspark.sql import DataFrame, Observation, SparkSession
+from pyspark.sql import functions as F
+
+from spark_jobs.delta_merge.analysis import MergePlan
+from spark_jobs.delta_merge.data_skipping import partition_count, prune_files
+from spark_jobs.delta_merge.files import LiveFile, WrittenFile
+from spark_jobs.delta_merge.metrics import MergeMetrics
+from spark_jobs.delta_merge.rewrite import ACTION_COLUMN, DROPPED_ACTIONS, Action, classic_output, insert_only_output
+from spark_jobs.delta_merge.snapshot import TargetSnapshot
+from spark_jobs.delta_merge.table_features import check_writable
+from spark_jobs.delta_merge.table_scan import file_key, scan_files
+from spark_jobs.delta_merge.touched_files import TouchedFiles, find_touched_files
+from spark_jobs.delta_merge.write import write_merge_output
+
+__all__ = ["MergeOutcome", "execute_merge"]
+
+log = logging.getLogger("delta_merge")
+
+
+@dataclass(frozen=True)
+class MergeOutcome:
+    """What the merge computed: its metrics and the files to remove and add in the commit."""
+
+    metrics: MergeMetrics
+    removes: tuple[LiveFile, ...]
+    adds: tuple[WrittenFile, ...]
+
+
+@contextmanager
+def _stage(spark: SparkSession, description: str) -> Iterator[None]:
+    """Name the Spark jobs of a stage as Delta does, and log one progress line for it."""
+    log.info("%s", description)
+    spark.sparkContext.setJobDescription(description)
+    try:
+        yield
+    finally:
+        spark.sparkContext.setLocalProperty("spark.job.description", None)  # type: ignore[arg-type]
+
+
+def _elapsed_ms(started: float) -> int:
+    return int((time.monotonic() - started) * 1000)
+
+
+def _count_rows(output: DataFrame) -> dict[int, int]:
+    """Dry run: the rows per action code, computed without writing."""
+    return {int(r[ACTION_COLUMN]): int(r["rows"]) for r in output.groupBy(ACTION_COLUMN).agg(
+        F.count(F.lit(1)).alias("rows")).collect()}
+
+
+def _write(
+    spark: SparkSession, output: DataFrame, *, snapshot: TargetSnapshot, plan: MergePlan,
+    target_file_size: int, dry_run: bool, description: str,
+) -> tuple[dict[int, int], tuple[WrittenFile, ...]]:
+    with _stage(spark, description):
+        if dry_run:
+            return _count_rows(output), ()
+        outcome = write_merge_output(
+            output,
+            table_root=snapshot.table_uri,
+            schema=plan.final_schema,
+            partition_columns=snapshot.partition_columns,
+            action_column=ACTION_COLUMN,
+            drop_codes=[int(a) for a in DROPPED_ACTIONS],
+            target_file_size=target_file_size,
+            num_indexed_cols=int(snapshot.configuration.get("delta.dataSkippingNumIndexedCols", "32")),
+            job_description=description,
+        )
+    return dict(outcome.rows_by_code), tuple(outcome.files)
+
+
+def _row_metrics(counts: Mapping[int, int]) -> dict[str, int]:
+    def n(action: Action) -> int:
+        return int(counts.get(int(action), 0))
+
+    updated_m, updated_s = n(Action.UPDATE_MATCHED), n(Action.UPDATE_NOT_MATCHED_BY_SOURCE)
+    deleted_m, deleted_s = n(Action.DELETE_MATCHED), n(Action.DELETE_NOT_MATCHED_BY_SOURCE)
+    return {
+        "numTargetRowsCopied": n(Action.COPY),
+        "numTargetRowsInserted": n(Action.INSERT),
+        "numTargetRowsUpdated": updated_m + updated_s,
+        "numTargetRowsDeleted": deleted_m + deleted_s,
+        "numTargetRowsMatchedUpdated": updated_m,
+        "numTargetRowsNotMatchedBySourceUpdated": updated_s,
+        "numTargetRowsMatchedDeleted": deleted_m,
+        "numTargetRowsNotMatchedBySourceDeleted": deleted_s,
+        "numOutputRows": n(Action.COPY) + n(Action.INSERT) + updated_m + updated_s,
+    }
+
+
+def _file_metrics(
+    snapshot: TargetSnapshot, candidates: list[LiveFile], removes: tuple[LiveFile, ...],
+    adds: tuple[WrittenFile, ...],
+) -> dict[str, int]:
+    parts = snapshot.partition_columns
+    return {
+        "numTargetFilesBeforeSkipping": len(snapshot.files),
+        "numTargetBytesBeforeSkipping": sum(f.size for f in snapshot.files),
+        "numTargetFilesAfterSkipping": len(candidates),
+        "numTargetBytesAfterSkipping": sum(f.size for f in candidates),
+        "numTargetPartitionsAfterSkipping": partition_count(candidates, parts),
+        "numTargetFilesRemoved": len(removes),
+        "numTargetBytesRemoved": sum(f.size for f in removes),
+        "numTargetPartitionsRemovedFrom": partition_count(removes, parts),
+        "numTargetFilesAdded": len(adds),
+        "numTargetBytesAdded": sum(f.size for f in adds),
+        "numTargetPartitionsAddedTo": len({tuple(f.partition_values.get(c) for c in parts) for f in adds})
+        if parts else 0,
+    }
+
+
+def execute_merge(
+    spark: SparkSession, source: DataFrame, *, snapshot: TargetSnapshot, plan: MergePlan,
+    target_file_size: int, dry_run: bool,
+) -> MergeOutcome:
+    """Compute the merge's new files and metrics; nothing is committed here."""
+    candidates = prune_files(
+        spark, snapshot, snapshot.files, predicates=plan.target_only_predicates, target_alias=plan.target_alias
+    )
+    if plan.parsed.is_insert_only:
+        return _insert_only(spark, source, snapshot=snapshot, plan=plan, candidates=candidates,
+                            target_file_size=target_file_size, dry_run=dry_run)
+    return _classic(spark, source, snapshot=snapshot, plan=plan, candidates=candidates,
+                    target_file_size=target_file_size, dry_run=dry_run)
+
+
+def _insert_only(
+    spark: SparkSession, source: DataFrame, *, snapshot: TargetSnapshot, plan: MergePlan,
+    candidates: list[LiveFile], target_file_size: int, dry_run: bool,
+) -> MergeOutcome:
+    check_writable(snapshot, removes_files=False, candidate_files=candidates)
+    started = time.monotonic()
+    observation = Observation("merge_source_rows")
+    counted = source.observe(observation, F.count(F.lit(1)).alias("rows"))
+    target = scan_files(spark, snapshot, candidates) if candidates else None
+    output = insert_only_output(counted, target, plan=plan)
+    counts, adds = _write(spark, output, snapshot=snapshot, plan=plan, target_file_size=target_file_size,
+                          dry_run=dry_run, description="MERGE operation - writing new files for only inserts")
+    source_rows = int(observation.get.get("rows", 0))
+    values = {
+        **_row_metrics(counts), **_file_metrics(snapshot, candidates, (), adds),
+        "numSourceRows": source_rows, "rewriteTimeMs": _elapsed_ms(started),
+    }
+    return MergeOutcome(MergeMetrics(**values), (), adds)
+
+
+def _classic(
+    spark: SparkSession, source: DataFrame, *, snapshot: TargetSnapshot, plan: MergePlan,
+    candidates: list[LiveFile], target_file_size: int, dry_run: bool,
+) -> MergeOutcome:
+    by_key = {file_key(snapshot.table_uri, f.path): f for f in candidates}
+    started = time.monotonic()
+    with _stage(spark, "MERGE operation - scanning files for matches"):
+        if candidates:
+            target = scan_files(spark, snapshot, candidates, with_file_key=True)
+            touched = find_touched_files(source, target, plan=plan, all_candidate_keys=list(by_key))
+        else:
+            # An empty join side would let Spark skip the source scan, so count the source directly.
+            touched = TouchedFiles(frozenset(), 0, source.count())
+    scan_ms = _elapsed_ms(started)
+    removes = tuple(by_key[k] for k in sorted(touched.file_keys))
+    check_writable(snapshot, removes_files=bool(removes), candidate_files=list(removes))
+    log.info("%d of %d candidate files touched", len(removes), len(candidates))
+    started = time.monotonic()
+    observation = Observation("merge_source_rows_second_scan")
+    counted = source.observe(observation, F.count(F.lit(1)).alias("rows"))
+    if removes:
+        output = classic_output(counted, scan_files(spark, snapshot, removes), plan=plan,
+                                copy_values=plan.copy_values)
+    elif plan.clauses_of("not_matched"):
+        # Nothing matched: like Delta's writeInsertsOnlyWhenNoMatches, only the inserts are written.
+        output = insert_only_output(counted, None, plan=plan.only_inserts())
+    else:
+        output = None
+    counts: dict[int, int] = {}
+    adds: tuple[WrittenFile, ...] = ()
+    if output is not None:
+        counts, adds = _write(spark, output, snapshot=snapshot, plan=plan, target_file_size=target_file_size,
+                              dry_run=dry_run, description=f"MERGE operation - Rewriting {len(removes)} files")
+    second_scan = int(observation.get.get("rows", 0)) if output is not None else touched.num_source_rows
+    values = {
+        **_row_metrics(counts), **_file_metrics(snapshot, candidates, removes, adds),
+        "numSourceRows": touched.num_source_rows, "numSourceRowsInSecondScan": second_scan,
+        "scanTimeMs": scan_ms, "rewriteTimeMs": _elapsed_ms(started),
+    }
+    return MergeOutcome(MergeMetrics(**values), removes, adds)

@@ -1,0 +1,108 @@
+"""Merge metrics, named exactly as in Delta's MergeIntoCommandBase metric table."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
+
+__all__ = ["DELTA_METRIC_NAMES", "MergeMetrics"]
+
+# The 26 metrics of MergeIntoCommandBase, in Delta's order.
+DELTA_METRIC_NAMES: tuple[str, ...] = (
+    "numSourceRows",
+    "numSourceRowsInSecondScan",
+    "numTargetRowsCopied",
+    "numTargetRowsInserted",
+    "numTargetRowsUpdated",
+    "numTargetRowsDeleted",
+    "numTargetFilesBeforeSkipping",
+    "numTargetFilesAfterSkipping",
+    "numTargetFilesRemoved",
+    "numTargetFilesAdded",
+    "numTargetChangeFilesAdded",
+    "numTargetChangeFileBytes",
+    "numTargetBytesBeforeSkipping",
+    "numTargetBytesAfterSkipping",
+    "numTargetBytesRemoved",
+    "numTargetBytesAdded",
+    "numTargetPartitionsAfterSkipping",
+    "numTargetPartitionsRemovedFrom",
+    "numTargetPartitionsAddedTo",
+    "numTargetRowsMatchedDeleted",
+    "numTargetRowsNotMatchedBySourceDeleted",
+    "numTargetRowsMatchedUpdated",
+    "numTargetRowsNotMatchedBySourceUpdated",
+    "executionTimeMs",
+    "scanTimeMs",
+    "rewriteTimeMs",
+)
+
+
+@dataclass(frozen=True)
+class MergeMetrics:
+    """Every metric of one merge; ``to_dict()`` spells the keys as Delta does."""
+
+    numSourceRows: int = 0
+    numSourceRowsInSecondScan: int = 0
+    numTargetRowsCopied: int = 0
+    numTargetRowsInserted: int = 0
+    numTargetRowsUpdated: int = 0
+    numTargetRowsDeleted: int = 0
+    numTargetFilesBeforeSkipping: int = 0
+    numTargetFilesAfterSkipping: int = 0
+    numTargetFilesRemoved: int = 0
+    numTargetFilesAdded: int = 0
+    numTargetChangeFilesAdded: int = 0
+    numTargetChangeFileBytes: int = 0
+    numTargetBytesBeforeSkipping: int = 0
+    numTargetBytesAfterSkipping: int = 0
+    numTargetBytesRemoved: int = 0
+    numTargetBytesAdded: int = 0
+    numTargetPartitionsAfterSkipping: int = 0
+    numTargetPartitionsRemovedFrom: int = 0
+    numTargetPartitionsAddedTo: int = 0
+    numTargetRowsMatchedDeleted: int = 0
+    numTargetRowsNotMatchedBySourceDeleted: int = 0
+    numTargetRowsMatchedUpdated: int = 0
+    numTargetRowsNotMatchedBySourceUpdated: int = 0
+    executionTimeMs: int = 0
+    scanTimeMs: int = 0
+    rewriteTimeMs: int = 0
+    numOutputRows: int = 0
+    materializeSourceReason: str = ""
+    materializeSourceTimeMs: int = 0
+    readVersion: int = -1
+    tableVersion: int = -1
+    skipped: bool = False
+    dryRun: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict for XCom, the JSON line and tests."""
+        return asdict(self)
+
+    def operation_metrics(self) -> dict[str, str]:
+        """The numbers as Delta stores them in ``commitInfo.operationMetrics``: strings."""
+        skip = {"materializeSourceReason", "readVersion", "tableVersion", "skipped", "dryRun"}
+        return {f.name: str(getattr(self, f.name)) for f in fields(self) if f.name not in skip}
+
+    def with_values(self, **values: Any) -> MergeMetrics:
+        """A copy with some values replaced."""
+        return replace(self, **values)
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> MergeMetrics:
+        """Read back metrics stored as strings (operationMetrics) or ints; unknown keys are ignored."""
+        known = {f.name: f for f in fields(cls)}
+        values: dict[str, Any] = {}
+        for key, raw in data.items():
+            field_ = known.get(key)
+            if field_ is None:
+                continue
+            if field_.type in ("bool", bool):
+                values[key] = raw if isinstance(raw, bool) else str(raw).lower() == "true"
+            elif field_.type in ("str", str):
+                values[key] = str(raw)
+            else:
+                values[key] = int(raw)
+        return cls(**values)

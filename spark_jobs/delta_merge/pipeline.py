@@ -1,0 +1,138 @@
+"""``run_merge``: Delta's MergeIntoCommand.run on Spark, with the log read and committed through deltalake."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from pyspark.sql import SparkSession
+
+from spark_jobs.delta_merge.analysis import MergePlan, resolve_merge
+from spark_jobs.delta_merge.commit import commit_merge
+from spark_jobs.delta_merge.executor import execute_merge
+from spark_jobs.delta_merge.metrics import MergeMetrics
+from spark_jobs.delta_merge.snapshot import TargetSnapshot, load_snapshot
+from spark_jobs.delta_merge.source import materialize_source, read_source
+from spark_jobs.delta_merge.spec import MergeSpec
+
+__all__ = ["run_merge"]
+
+log = logging.getLogger("delta_merge")
+
+_DEFAULT_TARGET_FILE_SIZE = 128 * 1024 * 1024
+
+
+@contextmanager
+def _session_confs(spark: SparkSession, confs: Mapping[str, str]) -> Iterator[None]:
+    """Set session confs for the merge and restore the caller's values afterwards."""
+    previous = {key: spark.conf.get(key, None) for key in confs}
+    for key, value in confs.items():
+        spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key, value in previous.items():
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)
+
+
+def _merge_confs(spark: SparkSession, spec: MergeSpec) -> dict[str, str]:
+    partitions = spec.options.shuffle_partitions or max(2, spark.sparkContext.defaultParallelism)
+    confs = {
+        "spark.sql.shuffle.partitions": str(partitions),
+        "spark.sql.adaptive.enabled": "true",
+        # Many explicit file paths must not trigger a parallel listing job.
+        "spark.sql.sources.parallelPartitionDiscovery.threshold": "1000000",
+        "spark.sql.ansi.enabled": "false" if spec.options.store_assignment_policy == "LEGACY" else "true",
+        "spark.sql.storeAssignmentPolicy": spec.options.store_assignment_policy,
+    }
+    return confs
+
+
+def _operation_parameters(plan: MergePlan) -> dict[str, str]:
+    """operationParameters shaped as Delta records a MERGE (values are JSON strings)."""
+
+    def predicates(when: str) -> str:
+        items = []
+        for clause in plan.parsed.clauses_of(when):  # type: ignore[arg-type]
+            item: dict[str, str] = {"actionType": clause.action.replace("_all", "")}
+            if clause.condition is not None:
+                item = {"predicate": clause.condition, **item}
+            items.append(item)
+        return json.dumps(items)
+
+    return {
+        "predicate": json.dumps([plan.condition]),
+        "matchedPredicates": predicates("matched"),
+        "notMatchedPredicates": predicates("not_matched"),
+        "notMatchedBySourcePredicates": predicates("not_matched_by_source"),
+    }
+
+
+def _target_file_size(spec: MergeSpec, snapshot: TargetSnapshot) -> int:
+    if spec.options.target_file_size:
+        return spec.options.target_file_size
+    configured = snapshot.configuration.get("delta.targetFileSize")
+    return int(configured) if configured else _DEFAULT_TARGET_FILE_SIZE
+
+
+def run_merge(spark: SparkSession, spec: MergeSpec | Mapping[str, Any]) -> MergeMetrics:
+    """Run one merge and return its metrics (committed, or only computed with ``options.dry_run``).
+
+    The steps of MergeIntoCommand.run: pin the target snapshot, resolve the statement, prepare
+    (materialize) the source, find the touched files and rewrite them (or only append inserts), then
+    commit one version. Any failure before the commit leaves the table as it was.
+    """
+    if not isinstance(spec, MergeSpec):
+        spec = MergeSpec.from_dict(spec)
+    parsed = spec.validate()
+    started = time.monotonic()
+    with _session_confs(spark, _merge_confs(spark, spec)):
+        snapshot = load_snapshot(spec.target.uri, storage_options=dict(spec.target.storage_options))
+        log.info("MERGE into %s at version %d (%d files)", spec.target.uri, snapshot.version, len(snapshot.files))
+        source_read = read_source(spark, spec.source)
+        plan = resolve_merge(
+            spark, parsed, target_schema=snapshot.schema, source_schema=source_read.df.schema,
+            options=spec.options,
+        )
+        source = materialize_source(
+            source_read, columns=plan.source_columns, options=spec.options, insert_only=parsed.is_insert_only
+        )
+        log.info("source prepared: materialized=%s (%s)", source.materialized, source.reason)
+        outcome = execute_merge(
+            spark, source.df, snapshot=snapshot, plan=plan,
+            target_file_size=_target_file_size(spec, snapshot), dry_run=spec.options.dry_run,
+        )
+        metrics = outcome.metrics.with_values(
+            materializeSourceReason=source.reason,
+            materializeSourceTimeMs=source.materialize_time_ms,
+            readVersion=snapshot.version,
+            executionTimeMs=int((time.monotonic() - started) * 1000),
+        )
+        if spec.options.dry_run:
+            return metrics.with_values(dryRun=True, tableVersion=snapshot.version)
+        version = commit_merge(
+            snapshot,
+            removes=outcome.removes,
+            adds=outcome.adds,
+            new_schema=plan.final_schema if plan.schema_changed else None,
+            operation_parameters=_operation_parameters(plan),
+            operation_metrics={k: int(v) for k, v in metrics.operation_metrics().items()},
+            app_transaction=_app_transaction(spec),
+            commit_metadata=dict(spec.run.commit_metadata),
+            storage_options=dict(spec.target.storage_options),
+        )
+        log.info("MERGE committed version %d", version)
+        return metrics.with_values(tableVersion=version)
+
+
+def _app_transaction(spec: MergeSpec) -> tuple[str, int] | None:
+    if spec.run.app_id is None or spec.run.app_version is None:
+        return None
+    return spec.run.app_id, spec.run.app_version

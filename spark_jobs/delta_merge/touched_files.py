@@ -1,0 +1,79 @@
+"""Find the target files a merge must rewrite: one inner join of source and candidate rows."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pyspark.sql import DataFrame, Observation
+from pyspark.sql import functions as F
+
+from spark_jobs.delta_merge.analysis import MergePlan
+from spark_jobs.delta_merge.errors import MultipleSourceRowMatchesError
+from spark_jobs.delta_merge.table_scan import FILE_KEY_COLUMN
+
+__all__ = ["MULTIPLE_MATCHES_MESSAGE", "TouchedFiles", "find_touched_files"]
+
+ROW_ID_COLUMN = "__merge_row_id"
+
+MULTIPLE_MATCHES_MESSAGE = (
+    "Cannot perform Merge as multiple source rows matched and attempted to modify the same target row in "
+    "the Delta table in possibly conflicting ways. By SQL semantics of Merge, when multiple source rows "
+    "match on the same target row, the result may be ambiguous as it is unclear which source row should "
+    "be used to update or delete the matching target row. You can preprocess the source table to "
+    "eliminate the possibility of multiple matches."
+)
+
+
+@dataclass(frozen=True)
+class TouchedFiles:
+    """What the scan found: touched file keys, matched target rows, and the source row count."""
+
+    file_keys: frozenset[str]
+    matched_target_rows: int
+    num_source_rows: int
+
+
+def _matched_predicate(plan: MergePlan) -> str:
+    """For matched-only merges, only joined rows some MATCHED clause acts on touch a file (Delta)."""
+    if not plan.parsed.is_matched_only:
+        return "true"
+    conditions = [c.condition for c in plan.clauses_of("matched")]
+    if any(c is None for c in conditions):
+        return "true"
+    return " OR ".join(f"({c})" for c in conditions)
+
+
+def find_touched_files(
+    source: DataFrame, target: DataFrame, *, plan: MergePlan, all_candidate_keys: Sequence[str]
+) -> TouchedFiles:
+    """Join the source with the candidate target rows (``target`` carries the file key column).
+
+    Raises :class:`MultipleSourceRowMatchesError` when a target row is matched by two or more source
+    rows, unless the only MATCHED clause is an unconditional DELETE. With NOT MATCHED BY SOURCE
+    clauses every candidate file is touched, since unmatched target rows may change too.
+    """
+    observation = Observation("merge_source_rows")
+    counted = source.observe(observation, F.count(F.lit(1)).alias("rows"))
+    joined = counted.alias(plan.source_alias).join(
+        target.withColumn(ROW_ID_COLUMN, F.monotonically_increasing_id()).alias(plan.target_alias),
+        on=F.expr(plan.condition),
+        how="inner",
+    )
+    joined = joined.filter(F.expr(_matched_predicate(plan)))
+    per_row = joined.groupBy(ROW_ID_COLUMN, FILE_KEY_COLUMN).agg(F.count(F.lit(1)).alias("matches"))
+    per_file = per_row.groupBy(FILE_KEY_COLUMN).agg(
+        F.max("matches").alias("max_matches"), F.count(F.lit(1)).alias("rows")
+    )
+    found = per_file.collect()
+    num_source_rows = int(observation.get.get("rows", 0))
+    if any(r["max_matches"] > 1 for r in found) and not plan.parsed.is_only_one_unconditional_delete:
+        raise MultipleSourceRowMatchesError(MULTIPLE_MATCHES_MESSAGE)
+    keys = frozenset(r[FILE_KEY_COLUMN] for r in found)
+    if plan.clauses_of("not_matched_by_source"):
+        keys = frozenset(all_candidate_keys)
+    return TouchedFiles(
+        file_keys=keys,
+        matched_target_rows=sum(int(r["rows"]) for r in found),
+        num_source_rows=num_source_rows,
+    )
