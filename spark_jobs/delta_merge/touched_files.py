@@ -35,7 +35,10 @@ class TouchedFiles:
 
 
 def _matched_predicate(plan: MergePlan) -> str:
-    """For matched-only merges, only joined rows some MATCHED clause acts on touch a file (Delta)."""
+    """For matched-only merges, only joined rows some MATCHED clause acts on touch a file.
+
+    The multiple-match check still counts every joined row, whatever the clause conditions (Delta).
+    """
     if not plan.parsed.is_matched_only:
         return "true"
     conditions = [c.condition for c in plan.clauses_of("matched")]
@@ -60,16 +63,18 @@ def find_touched_files(
         on=F.expr(plan.condition),
         how="inner",
     )
-    joined = joined.filter(F.expr(_matched_predicate(plan)))
-    per_row = joined.groupBy(ROW_ID_COLUMN, FILE_KEY_COLUMN).agg(F.count(F.lit(1)).alias("matches"))
+    acts = F.coalesce(F.expr(_matched_predicate(plan)), F.lit(False)).cast("int")
+    per_row = joined.groupBy(ROW_ID_COLUMN, FILE_KEY_COLUMN).agg(
+        F.count(F.lit(1)).alias("matches"), F.max(acts).alias("acts")
+    )
     per_file = per_row.groupBy(FILE_KEY_COLUMN).agg(
-        F.max("matches").alias("max_matches"), F.count(F.lit(1)).alias("rows")
+        F.max("matches").alias("max_matches"), F.count(F.lit(1)).alias("rows"), F.max("acts").alias("acts")
     )
     found = per_file.collect()
     num_source_rows = int(observation.get.get("rows", 0))
     if any(r["max_matches"] > 1 for r in found) and not plan.parsed.is_only_one_unconditional_delete:
         raise MultipleSourceRowMatchesError(MULTIPLE_MATCHES_MESSAGE)
-    keys = frozenset(r[FILE_KEY_COLUMN] for r in found)
+    keys = frozenset(r[FILE_KEY_COLUMN] for r in found if r["acts"])
     if plan.clauses_of("not_matched_by_source"):
         keys = frozenset(all_candidate_keys)
     return TouchedFiles(

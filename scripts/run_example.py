@@ -1,0 +1,241 @@
+"""The demo behind scripts/run-example: an upsert into a small Delta table, run and checked end to end."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import deltalake
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE_ROOT = REPO_ROOT / ".example"
+JOB_ENTRY_POINT = REPO_ROOT / "spark_jobs" / "delta_merge" / "__main__.py"
+METRICS_MARKER = "MERGE_METRICS_JSON="
+
+TARGET_ROWS = 1000
+TARGET_FILES = 4
+# Updates fall into two of the four target files, so a merge that rewrites only touched files
+# removes 2 files, not 4.
+UPDATED_IDS = (*range(11, 251, 6), *range(511, 751, 8))
+INSERTED_IDS = tuple(range(TARGET_ROWS + 1, TARGET_ROWS + 31))
+
+MERGE_SQL = (
+    "MERGE INTO target t USING source s ON t.id = s.id "
+    "WHEN MATCHED THEN UPDATE SET * "
+    "WHEN NOT MATCHED THEN INSERT *"
+)
+
+# What the merge must report for this data; the demo fails when the job says otherwise.
+EXPECTED_METRICS = {
+    "numSourceRows": len(UPDATED_IDS) + len(INSERTED_IDS),
+    "numTargetRowsUpdated": len(UPDATED_IDS),
+    "numTargetRowsInserted": len(INSERTED_IDS),
+    "numTargetRowsDeleted": 0,
+    "numTargetFilesRemoved": 2,
+}
+
+Metrics = Mapping[str, Any]
+# Runs the merge described by a spec file and returns its metrics. Another runner (the example DAG under
+# `airflow dags test`) can take the place of spark-submit without touching the rest.
+Runner = Callable[[Path], Metrics]
+
+
+class ExampleError(Exception):
+    """The demo could not run, or the merge did not do what the demo expects."""
+
+
+@dataclass(frozen=True)
+class Demo:
+    """Where the demo's data and spec live."""
+
+    target_uri: str
+    source_uri: str
+    spec_path: Path
+    target_version: int
+
+
+def _accounts_schema() -> pa.Schema:
+    return pa.schema(
+        [
+            pa.field("id", pa.int64(), nullable=False),
+            pa.field("name", pa.string()),
+            pa.field("balance", pa.float64()),
+            pa.field("updated_at", pa.timestamp("us", tz="UTC")),
+        ]
+    )
+
+
+def _accounts(ids: list[int], *, balance_offset: float, updated_at: datetime) -> pa.Table:
+    return pa.table(
+        {
+            "id": ids,
+            "name": [f"account-{i:05d}" for i in ids],
+            "balance": [round(i * 10.5 + balance_offset, 2) for i in ids],
+            "updated_at": [updated_at + timedelta(seconds=i) for i in ids],
+        },
+        schema=_accounts_schema(),
+    )
+
+
+def prepare_demo(root: Path) -> Demo:
+    """Write a fresh target table (accounts in 4 files), a Parquet source of changes, and the merge spec."""
+    if root.exists():
+        shutil.rmtree(root)
+    target = root / "accounts"
+    source = root / "account_updates"
+    source.mkdir(parents=True)
+
+    created = datetime(2024, 1, 1, tzinfo=timezone.utc)
+    per_file = TARGET_ROWS // TARGET_FILES
+    for start in range(1, TARGET_ROWS + 1, per_file):
+        batch = _accounts(list(range(start, start + per_file)), balance_offset=0.0, updated_at=created)
+        deltalake.write_deltalake(str(target), batch, mode="append")
+
+    changed = datetime(2024, 6, 1, tzinfo=timezone.utc)
+    updates = _accounts([*UPDATED_IDS, *INSERTED_IDS], balance_offset=100.0, updated_at=changed)
+    pq.write_table(updates, source / "part-00000.parquet")
+
+    spec = {
+        "target": {"uri": str(target), "storage_options": {}},
+        "source": {"uri": str(source), "format": "parquet", "options": {}},
+        "merge_sql": MERGE_SQL,
+        "options": {"shuffle_partitions": 2},
+        "run": {
+            "app_id": "airflow-merge-provider-example",
+            "app_version": 1,
+            "commit_metadata": {"example": "scripts/run-example"},
+        },
+    }
+    spec_path = root / "merge_spec.json"
+    spec_path.write_text(json.dumps(spec, indent=2) + "\n", encoding="utf-8")
+    version = deltalake.DeltaTable(str(target)).version()
+    return Demo(target_uri=str(target), source_uri=str(source), spec_path=spec_path, target_version=version)
+
+
+def parse_metrics_line(line: str) -> Metrics | None:
+    """The metrics carried by the job's ``MERGE_METRICS_JSON=<json>`` line, or None for any other line."""
+    if not line.startswith(METRICS_MARKER):
+        return None
+    metrics = json.loads(line[len(METRICS_MARKER) :])
+    if not isinstance(metrics, dict):
+        raise ExampleError(f"{METRICS_MARKER} carried {type(metrics).__name__}, expected a JSON object")
+    return metrics
+
+
+def run_with_spark_submit(spec_path: Path) -> Metrics:
+    """Run the packaged merge job with spark-submit on a local master, streaming its output."""
+    if not JOB_ENTRY_POINT.is_file():
+        raise ExampleError(
+            f"the merge job's entry point {JOB_ENTRY_POINT.relative_to(REPO_ROOT)} does not exist yet: "
+            "the demo needs the job CLI (`__main__.py --spec <file.json>`, printing one "
+            f"{METRICS_MARKER}<json> line) to run a merge"
+        )
+    spark_submit = Path(sys.executable).parent / "spark-submit"
+    if not spark_submit.exists():
+        spark_submit = Path(shutil.which("spark-submit") or "spark-submit")
+    argv = [
+        str(spark_submit),
+        "--master",
+        "local[2]",
+        "--conf",
+        "spark.ui.enabled=false",
+        "--conf",
+        "spark.log.level=WARN",
+        str(JOB_ENTRY_POINT.relative_to(REPO_ROOT)),
+        "--spec",
+        str(spec_path),
+    ]
+    env = dict(os.environ)
+    env.setdefault("PYSPARK_PYTHON", sys.executable)
+    env.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    print("$", " ".join(argv), flush=True)
+
+    metrics: Metrics | None = None
+    with subprocess.Popen(
+        argv, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    ) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            print(f"  | {line}", end="", flush=True)
+            found = parse_metrics_line(line.rstrip("\n"))
+            if found is not None:
+                metrics = found
+        returncode = proc.wait()
+    if returncode != 0:
+        raise ExampleError(f"spark-submit exited with code {returncode} (its output is above)")
+    # An exit code of 0 alone proves nothing: the job must also have reported what it did.
+    if metrics is None:
+        raise ExampleError(f"spark-submit exited 0 but printed no {METRICS_MARKER} line")
+    return metrics
+
+
+RUNNERS: dict[str, Runner] = {"spark-submit": run_with_spark_submit}
+
+
+def format_metrics(metrics: Metrics) -> str:
+    """The metrics as a two-column table, in the order the job reported them."""
+    width = max((len(name) for name in metrics), default=6)
+    lines = [f"{'metric':<{width}}  value", f"{'-' * width}  {'-' * 12}"]
+    lines += [f"{name:<{width}}  {value}" for name, value in metrics.items()]
+    return "\n".join(lines)
+
+
+def check_result(demo: Demo, metrics: Metrics) -> list[str]:
+    """What differs from the expected outcome: the metrics, and the rows now in the table."""
+    problems = [
+        f"{name} is {metrics.get(name)!r}, expected {want}"
+        for name, want in EXPECTED_METRICS.items()
+        if metrics.get(name) != want
+    ]
+    table = deltalake.DeltaTable(demo.target_uri)
+    # Row counts from the log's per-file stats: reading the data through deltalake's pyarrow path can
+    # abort the process at exit.
+    rows = sum(pa.table(table.get_add_actions(flatten=True)).column("num_records").to_pylist())
+    want_rows = TARGET_ROWS + len(INSERTED_IDS)
+    if rows != want_rows:
+        problems.append(f"the table has {rows} rows, expected {want_rows}")
+    want_version = demo.target_version + 1
+    if table.version() != want_version:
+        problems.append(f"the table is at version {table.version()}, expected {want_version} (one merge)")
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--runner", choices=sorted(RUNNERS), default="spark-submit")
+    args = parser.parse_args(argv)
+
+    demo = prepare_demo(EXAMPLE_ROOT)
+    print(f"target table : {demo.target_uri} ({TARGET_ROWS} accounts in {TARGET_FILES} files)")
+    print(f"source       : {demo.source_uri} ({EXPECTED_METRICS['numSourceRows']} rows)")
+    print(f"merge spec   : {demo.spec_path}")
+    try:
+        metrics = RUNNERS[args.runner](demo.spec_path)
+    except ExampleError as err:
+        print(f"run-example: {err}", file=sys.stderr)
+        return 1
+    print()
+    print(format_metrics(metrics))
+    problems = check_result(demo, metrics)
+    if problems:
+        print("\nrun-example: the merge did not do what was expected:", file=sys.stderr)
+        for problem in problems:
+            print(f"  - {problem}", file=sys.stderr)
+        return 1
+    print(f"\nrun-example: ok: {len(UPDATED_IDS)} accounts updated, {len(INSERTED_IDS)} inserted")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

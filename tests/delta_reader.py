@@ -1,0 +1,32 @@
+"""Read Delta tables back through deltalake, an implementation independent of the merge job."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+
+def read_table(path: str | Path, *, where: str | None = None) -> pa.Table:
+    """All live rows of the latest version (deltalake's query engine, not its pyarrow-dataset path,
+    which can abort the process at exit)."""
+    from deltalake import DeltaTable, QueryBuilder
+
+    table = DeltaTable(str(path))
+    sql = "SELECT * FROM t" + (f" WHERE {where}" if where else "")
+    return pa.table(QueryBuilder().register("t", table).execute(sql).read_all())
+
+
+def read_rows(path: str | Path, *, columns: list[str] | None = None) -> list[list[Any]]:
+    """Rows as lists in the table's column order (or ``columns``)."""
+    table = read_table(path)
+    names = columns or table.column_names
+    data = table.select(names).to_pylist()
+    return [[row[n] for n in names] for row in data]
+
+
+def table_version(path: str | Path) -> int:
+    from deltalake import DeltaTable
+
+    return int(DeltaTable(str(path)).version())
