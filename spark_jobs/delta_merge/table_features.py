@@ -1,0 +1,180 @@
+"""Which Delta table features this job can write correctly, and the constraints it must enforce."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from pyspark.sql.types import StructField, StructType
+
+from spark_jobs.delta_merge.errors import MergeAnalysisError, UnsupportedTableFeatureError
+from spark_jobs.delta_merge.files import LiveFile
+from spark_jobs.delta_merge.snapshot import TargetSnapshot
+
+__all__ = ["SUPPORTED_FEATURES", "TableConstraints", "check_writable", "table_constraints"]
+
+# Features whose rules this job follows on every merge (constraints are enforced by the write stage).
+# vacuumProtocolCheck only constrains VACUUM, which this job never runs. v2Checkpoint: deltalake 1.6.6
+# reads V2 checkpoints and writes its own as classic-named V2 checkpoints carrying checkpointMetadata.
+SUPPORTED_FEATURES = frozenset(
+    {
+        "appendOnly",
+        "invariants",
+        "checkConstraints",
+        "generatedColumns",
+        "timestampNtz",
+        "domainMetadata",
+        "vacuumProtocolCheck",
+        "v2Checkpoint",
+    }
+)
+# Supported only while unused: checked against files, properties and the schema below.
+_CONDITIONAL_FEATURES = frozenset({"deletionVectors", "columnMapping", "changeDataFeed", "identityColumns"})
+
+_WHY = {
+    "rowTracking": "writers must assign row ids and commit versions to every new file and keep them "
+    "on rewritten rows; this job cannot",
+    "typeWidening": "older files may hold narrower types than the schema; Spark's Parquet reader "
+    "would not widen them the way Delta does",
+    "inCommitTimestamp": "every commit must carry inCommitTimestamp in commitInfo, which deltalake's "
+    "commit API does not write",
+    "clustering": "liquid clustering metadata (clusteringProvider, domain metadata) would not be kept "
+    "up to date",
+    "icebergCompatV1": "Iceberg compatibility needs column mapping and Iceberg metadata on commit",
+    "icebergCompatV2": "Iceberg compatibility needs column mapping and Iceberg metadata on commit",
+    "variantType": "VARIANT columns are not read or written by this job's Parquet path",
+    "variantType-preview": "VARIANT columns are not read or written by this job's Parquet path",
+    "allowColumnDefaults": "inserts must fill columns from their DEFAULT expressions",
+    "checkpointProtection": "log cleanup after the commit could violate checkpoint protection",
+}
+
+
+@dataclass(frozen=True)
+class TableConstraints:
+    """What every written row must satisfy (enforced by the write stage).
+
+    :param checks: CHECK constraints by name (``delta.constraints.<name>`` properties) plus legacy
+        column invariants, named ``invariant:<dotted.path>``; values are Spark SQL boolean expressions.
+    :param not_null: paths (struct field names from the root) of NOT NULL columns and fields.
+    :param generated: generation expressions of generated columns, by column name.
+    """
+
+    checks: Mapping[str, str] = field(default_factory=dict)
+    not_null: tuple[tuple[str, ...], ...] = ()
+    generated: Mapping[str, str] = field(default_factory=dict)
+
+
+def check_writable(
+    snapshot: TargetSnapshot, *, removes_files: bool, candidate_files: Sequence[LiveFile]
+) -> None:
+    """Refuse, before anything is written, a merge this job cannot commit correctly.
+
+    :param removes_files: the merge would remove (rewrite) files, i.e. it is not insert-only.
+    :param candidate_files: the files the merge reads to find matches.
+    :raises UnsupportedTableFeatureError: naming every problem found, why, and what to do.
+    """
+    problems = list(_problems(snapshot, removes_files=removes_files, candidate_files=candidate_files))
+    if problems:
+        listing = "\n".join(f"  - {p}" for p in problems)
+        raise UnsupportedTableFeatureError(
+            f"Target {snapshot.table_uri} (version {snapshot.version}) uses Delta features this merge job "
+            f"cannot write correctly, so nothing was written:\n{listing}\n"
+            "Run this merge with Delta Lake on Spark (delta-spark) instead, or change the table as suggested."
+        )
+
+
+def table_constraints(snapshot: TargetSnapshot) -> TableConstraints:
+    """The CHECK constraints, invariants, NOT NULL paths and generated columns of the table."""
+    prefix = "delta.constraints."
+    checks = {
+        key[len(prefix) :]: value for key, value in snapshot.configuration.items() if key.startswith(prefix)
+    }
+    not_null: list[tuple[str, ...]] = []
+    generated: dict[str, str] = {}
+    for path, struct_field in _struct_fields(snapshot.schema):
+        if not struct_field.nullable:
+            not_null.append(path)
+        expression = struct_field.metadata.get("delta.generationExpression")
+        if expression is not None:
+            generated[".".join(path)] = str(expression)
+        invariant = struct_field.metadata.get("delta.invariants")
+        if invariant is not None:
+            checks[f"invariant:{'.'.join(path)}"] = _invariant_sql(path, invariant)
+    return TableConstraints(checks=checks, not_null=tuple(not_null), generated=generated)
+
+
+def _problems(
+    snapshot: TargetSnapshot, *, removes_files: bool, candidate_files: Sequence[LiveFile]
+) -> Iterator[str]:
+    protocol = snapshot.protocol
+    config = {k.lower(): v for k, v in snapshot.configuration.items()}
+    if protocol.min_reader_version > 3 or protocol.min_writer_version > 7:
+        yield (
+            f"protocol version (reader {protocol.min_reader_version}, writer {protocol.min_writer_version}): "
+            "newer than Delta's reader 3 / writer 7, whose rules this job knows."
+        )
+    with_dv = [f.path for f in candidate_files if f.has_deletion_vector]
+    if with_dv:
+        shown = ", ".join(with_dv[:3]) + (" ..." if len(with_dv) > 3 else "")
+        yield (
+            f"deletionVectors: {len(with_dv)} file(s) the merge reads carry deletion vectors ({shown}). "
+            "The job reads Parquet directly and would resurrect deleted rows, and a remove cannot carry "
+            "the vector. Purge them first (REORG TABLE ... APPLY (PURGE)) or disable deletion vectors."
+        )
+    mode = config.get("delta.columnmapping.mode", "none").lower()
+    if mode != "none":
+        yield (
+            f"columnMapping (delta.columnMapping.mode={mode}): Parquet columns have physical names the "
+            "job does not translate. Only tables without column mapping are supported."
+        )
+    if config.get("delta.enablechangedatafeed", "false").lower() == "true":
+        yield (
+            "changeDataFeed (delta.enableChangeDataFeed=true): a merge must write _change_data files, "
+            "which deltalake's commit API cannot add. Disable the change data feed or use delta-spark."
+        )
+    identity = [
+        ".".join(p)
+        for p, f in _struct_fields(snapshot.schema)
+        if any(k.startswith("delta.identity.") for k in f.metadata)
+    ]
+    if identity:
+        yield (
+            f"identityColumns ({', '.join(identity)}): inserts must draw new identity values and move the "
+            "high-water mark, which this job does not do."
+        )
+    if removes_files and config.get("delta.appendonly", "false").lower() == "true":
+        yield (
+            "appendOnly (delta.appendOnly=true): this merge updates or deletes rows, which removes files. "
+            "Only insert-only merges are allowed; set delta.appendOnly=false to allow it."
+        )
+    for feature in sorted(
+        (protocol.reader_features | protocol.writer_features) - SUPPORTED_FEATURES - _CONDITIONAL_FEATURES
+    ):
+        why = _WHY.get(feature, "this job does not know its rules")
+        yield f"{feature}: {why}."
+
+
+def _struct_fields(schema: StructType) -> Iterator[tuple[tuple[str, ...], StructField]]:
+    """Every field reachable through structs (Delta enforces nothing inside arrays and maps)."""
+    stack: list[tuple[tuple[str, ...], StructType]] = [((), schema)]
+    while stack:
+        prefix, struct = stack.pop(0)
+        for struct_field in struct.fields:
+            path = (*prefix, struct_field.name)
+            yield path, struct_field
+            if isinstance(struct_field.dataType, StructType):
+                stack.append((path, struct_field.dataType))
+
+
+def _invariant_sql(path: tuple[str, ...], invariant: object) -> str:
+    # Legacy invariants are stored as '{"expression": {"expression": "<sql>"}}'.
+    try:
+        value = json.loads(invariant) if isinstance(invariant, str) else invariant
+        sql = value["expression"]["expression"]  # type: ignore[index]
+    except (TypeError, KeyError, ValueError) as exc:
+        raise MergeAnalysisError(
+            f"Column {'.'.join(path)} has a delta.invariants entry that is not "
+            f'{{"expression": {{"expression": "<sql>"}}}}: {invariant!r}.'
+        ) from exc
+    return str(sql)

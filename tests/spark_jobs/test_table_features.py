@@ -1,0 +1,175 @@
+"""check_writable refuses what the job cannot write; table_constraints exposes what it must enforce."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+
+from spark_jobs.delta_merge.delta_schema import spark_schema_from_delta
+from spark_jobs.delta_merge.errors import MergeAnalysisError, UnsupportedTableFeatureError
+from spark_jobs.delta_merge.files import LiveFile
+from spark_jobs.delta_merge.snapshot import TableProtocol, TargetSnapshot, load_snapshot
+from spark_jobs.delta_merge.table_features import TableConstraints, check_writable, table_constraints
+
+
+def _field(
+    name: str, type_json: Any = "long", *, nullable: bool = True, metadata: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    return {"name": name, "type": type_json, "nullable": nullable, "metadata": metadata or {}}
+
+
+def _file(path: str, *, dv: bool = False) -> LiveFile:
+    return LiveFile(
+        path=path, size=10, partition_values={}, stats=None, modification_time=0, has_deletion_vector=dv
+    )
+
+
+def _snapshot(
+    *,
+    fields: list[dict[str, Any]] | None = None,
+    configuration: Mapping[str, str] | None = None,
+    protocol: TableProtocol | None = None,
+    files: tuple[LiveFile, ...] = (),
+) -> TargetSnapshot:
+    schema_json = json.dumps({"type": "struct", "fields": fields or [_field("id")]})
+    return TargetSnapshot(
+        table_uri="file:///t",
+        version=3,
+        schema=spark_schema_from_delta(schema_json),
+        schema_json=schema_json,
+        partition_columns=(),
+        configuration=dict(configuration or {}),
+        protocol=protocol or TableProtocol(1, 2),
+        metadata_id="m",
+        files=files,
+    )
+
+
+def _features(*names: str) -> TableProtocol:
+    return TableProtocol(3, 7, frozenset(names), frozenset(names))
+
+
+def _refusal(
+    snapshot: TargetSnapshot, *, removes_files: bool = True, candidates: tuple[LiveFile, ...] = ()
+) -> str:
+    with pytest.raises(UnsupportedTableFeatureError) as err:
+        check_writable(snapshot, removes_files=removes_files, candidate_files=candidates)
+    return str(err.value)
+
+
+def test_plain_and_supported_feature_tables_are_writable() -> None:
+    check_writable(_snapshot(), removes_files=True, candidate_files=[_file("a")])
+    supported = _features(
+        "appendOnly",
+        "invariants",
+        "checkConstraints",
+        "generatedColumns",
+        "timestampNtz",
+        "domainMetadata",
+        "vacuumProtocolCheck",
+        "v2Checkpoint",
+    )
+    check_writable(_snapshot(protocol=supported), removes_files=True, candidate_files=[])
+
+
+def test_conditional_features_are_fine_while_unused() -> None:
+    protocol = _features("deletionVectors", "columnMapping", "changeDataFeed", "identityColumns")
+    config = {"delta.columnMapping.mode": "none", "delta.enableChangeDataFeed": "false"}
+    snapshot = _snapshot(protocol=protocol, configuration=config, files=(_file("a"), _file("b", dv=True)))
+    check_writable(snapshot, removes_files=True, candidate_files=[_file("a")])
+
+
+def test_deletion_vectors_on_candidate_files() -> None:
+    dv = (_file("p=1/a.parquet", dv=True), _file("b.parquet"))
+    message = _refusal(_snapshot(protocol=_features("deletionVectors")), candidates=dv)
+    assert "deletionVectors: 1 file(s)" in message
+    assert "p=1/a.parquet" in message
+    assert "PURGE" in message
+    assert "file:///t (version 3)" in message
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "expected"),
+    [
+        (
+            {"configuration": {"delta.columnMapping.mode": "name"}},
+            "columnMapping (delta.columnMapping.mode=name)",
+        ),
+        (
+            {"configuration": {"delta.enableChangeDataFeed": "TRUE"}},
+            "changeDataFeed (delta.enableChangeDataFeed=true)",
+        ),
+        (
+            {"fields": [_field("id", metadata={"delta.identity.start": 1, "delta.identity.step": 1})]},
+            "identityColumns (id)",
+        ),
+        ({"protocol": _features("rowTracking")}, "rowTracking: writers must assign row ids"),
+        ({"protocol": _features("inCommitTimestamp")}, "inCommitTimestamp: every commit must carry"),
+        ({"protocol": _features("clustering")}, "clustering: liquid clustering metadata"),
+        ({"protocol": _features("someFutureFeature")}, "someFutureFeature: this job does not know its rules"),
+        ({"protocol": TableProtocol(4, 8)}, "protocol version (reader 4, writer 8)"),
+    ],
+)
+def test_refused_features(kwargs: dict[str, Any], expected: str) -> None:
+    assert expected in _refusal(_snapshot(**kwargs))
+
+
+def test_append_only_refuses_only_merges_that_remove_files() -> None:
+    snapshot = _snapshot(configuration={"delta.appendOnly": "true"})
+    check_writable(snapshot, removes_files=False, candidate_files=[_file("a")])
+    assert "appendOnly (delta.appendOnly=true)" in _refusal(snapshot, removes_files=True)
+
+
+def test_every_problem_is_listed_at_once() -> None:
+    snapshot = _snapshot(
+        configuration={"delta.columnMapping.mode": "id", "delta.enableChangeDataFeed": "true"},
+        protocol=_features("columnMapping", "changeDataFeed", "typeWidening"),
+    )
+    message = _refusal(snapshot)
+    assert message.count("\n  - ") == 3
+    assert "typeWidening" in message
+    assert "delta-spark" in message
+
+
+def test_table_constraints_from_properties_and_field_metadata() -> None:
+    fields = [
+        _field("id", nullable=False),
+        _field("ts", "timestamp"),
+        _field("day", "date", metadata={"delta.generationExpression": "CAST(ts AS DATE)"}),
+        _field("s", {"type": "struct", "fields": [_field("a", nullable=False), _field("b")]}, nullable=True),
+        _field("q", "integer", metadata={"delta.invariants": '{"expression":{"expression":"q > 0"}}'}),
+        _field(
+            "arr",
+            {
+                "type": "array",
+                "elementType": {"type": "struct", "fields": [_field("z", nullable=False)]},
+                "containsNull": True,
+            },
+        ),
+    ]
+    config = {"delta.constraints.positive_id": "id > 0", "delta.appendOnly": "false"}
+    constraints = table_constraints(_snapshot(fields=fields, configuration=config))
+    assert constraints == TableConstraints(
+        checks={"positive_id": "id > 0", "invariant:q": "q > 0"},
+        not_null=(("id",), ("s", "a")),
+        generated={"day": "CAST(ts AS DATE)"},
+    )
+
+
+def test_malformed_invariant_is_an_analysis_error() -> None:
+    with pytest.raises(MergeAnalysisError, match=r"Column q has a delta\.invariants entry"):
+        table_constraints(_snapshot(fields=[_field("q", metadata={"delta.invariants": "q > 0"})]))
+
+
+def test_constraints_of_a_real_table(tmp_path: Path) -> None:
+    write_deltalake(tmp_path, pa.table({"id": pa.array([1], pa.int64())}))
+    DeltaTable(tmp_path).alter.add_constraint({"id_positive": "id > 0"})
+    snapshot = load_snapshot(str(tmp_path))
+    assert table_constraints(snapshot).checks == {"id_positive": "id > 0"}
+    check_writable(snapshot, removes_files=True, candidate_files=snapshot.files)
