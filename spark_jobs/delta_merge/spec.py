@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any, Literal
+import copy
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal, Protocol, TypeVar, get_args
+
+from spark_jobs.delta_merge.errors import MergeSpecError
+from spark_jobs.delta_merge.expression_guard import tokenize_checked
 
 __all__ = [
     "ActionKind",
@@ -17,18 +24,34 @@ __all__ = [
     "RunSpec",
     "SourceSpec",
     "TargetSpec",
+    "format_column_path",
+    "parse_column_path",
 ]
 
 ClauseKind = Literal["matched", "not_matched", "not_matched_by_source"]
 ActionKind = Literal["update", "update_all", "delete", "insert", "insert_all"]
+
+_CLAUSE_KINDS: tuple[str, ...] = get_args(ClauseKind)
+_ACTION_KINDS: tuple[str, ...] = get_args(ActionKind)
+_SOURCE_FORMATS = ("delta", "parquet", "csv", "json", "orc")
+# pyspark.StorageLevel's names (the job looks the level up there), NONE left out: it would not materialize.
+_STORAGE_LEVELS = (
+    "DISK_ONLY", "DISK_ONLY_2", "DISK_ONLY_3", "MEMORY_AND_DISK", "MEMORY_AND_DISK_2",
+    "MEMORY_AND_DISK_DESER", "MEMORY_ONLY", "MEMORY_ONLY_2", "OFF_HEAP",
+)  # fmt: skip
+_COMPARATORS = ("equal_to", "greater_than", "less_than", "geq_to", "leq_to", "tolerance")
+_QUERY_STARTS = ("SELECT", "WITH", "FROM", "VALUES", "TABLE", "L_PAREN")
+_PART = re.compile(r"`((?:[^`]|``)*)`|([^.`\s]+)")
+_PLAIN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 @dataclass(frozen=True)
 class Assignment:
     """One ``SET col = expr`` or one ``INSERT (col) VALUES (expr)`` pair.
 
-    :param column: the target column path without the target alias, e.g. ``("addr", "city")``.
-    :param value: the value as Spark SQL text, normalized by the SQL parser.
+    :param column: the target column path, e.g. ``("addr", "city")``; as written in a spec's clauses,
+        without the target alias in a :class:`ParsedMerge`.
+    :param value: the value as Spark SQL text; normalized by the SQL parser in a :class:`ParsedMerge`.
     """
 
     column: tuple[str, ...]
@@ -49,6 +72,51 @@ class MergeClause:
     action: ActionKind
     condition: str | None = None
     assignments: tuple[Assignment, ...] = ()
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, field: str = "clause") -> MergeClause:
+        """``{"when", "condition"?, "action", "set" (update) | "values" (insert)}``, keyed by column path."""
+        allowed = ("when", "condition", "action", "set", "values")
+        keys = _keys(data, field, allowed=allowed, required=("when", "action"))
+        pairs_key = {"update": "set", "insert": "values"}.get(keys["action"])
+        for key in ("set", "values"):
+            if key in keys and key != pairs_key:
+                raise _fail(f"{field}.{key}", f"no {key!r} for action {keys['action']!r}", keys[key])
+        pairs = keys.get(pairs_key, {}) if pairs_key else {}
+        if not isinstance(pairs, Mapping):
+            raise _fail(f"{field}.{pairs_key}", "a JSON object of column: expression", pairs)
+        assignments = tuple(
+            Assignment(parse_column_path(column, field=f"{field}.{pairs_key}"), value)
+            for column, value in pairs.items()
+        )
+        clause = cls(keys["when"], keys["action"], keys.get("condition"), assignments)
+        clause.validate(field=field)
+        return clause
+
+    def to_dict(self) -> dict[str, Any]:
+        """The structural JSON form of this clause."""
+        data: dict[str, Any] = {"when": self.when, "action": self.action}
+        if self.condition is not None:
+            data["condition"] = self.condition
+        if self.action in ("update", "insert") or self.assignments:
+            pairs = {format_column_path(a.column): a.value for a in self.assignments}
+            data["values" if self.action == "insert" else "set"] = pairs
+        return data
+
+    def validate(self, *, field: str = "clause") -> None:
+        """Check kinds and types (Delta's rules need the whole merge: MergeSpec.validate)."""
+        _check_choice(self.when, f"{field}.when", _CLAUSE_KINDS)
+        _check_choice(self.action, f"{field}.action", _ACTION_KINDS)
+        if self.condition is not None:
+            _check_str(self.condition, f"{field}.condition", "a Spark SQL condition or nothing")
+        if not isinstance(self.assignments, tuple):
+            raise _fail(f"{field}.assignments", "a tuple of Assignment", self.assignments)
+        for a in self.assignments:
+            column = a.column if isinstance(a, Assignment) else None
+            names_ok = isinstance(column, tuple) and all(isinstance(p, str) and p for p in column)
+            if not column or not names_ok:
+                raise _fail(f"{field}.assignments", "Assignments with column paths of non-empty names", a)
+            _check_str(a.value, f"{field}.assignments {format_column_path(column)}", "a Spark SQL expression")
 
 
 @dataclass(frozen=True)
@@ -92,11 +160,26 @@ class TargetSpec:
     uri: str
     storage_options: Mapping[str, str] = field(default_factory=dict)
 
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, field: str = "target") -> TargetSpec:
+        """``{"uri", "storage_options"?}``."""
+        return _build(cls, data, field, required=("uri",))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form."""
+        return _plain(self)
+
+    def validate(self, *, field: str = "target") -> None:
+        """Check types and values."""
+        _check_str(self.uri, f"{field}.uri", "a non-empty path or URI")
+        _check_str_map(self.storage_options, f"{field}.storage_options")
+
 
 @dataclass(frozen=True)
 class SourceSpec:
     """The source: a path or URI with a format and reader options, or a Spark SQL query.
 
+    :param format: ``delta``, ``parquet``, ``csv``, ``json`` or ``orc`` (None: parquet).
     :param version: for ``format="delta"``, the table version to read (None: the latest).
     """
 
@@ -105,6 +188,47 @@ class SourceSpec:
     options: Mapping[str, str] = field(default_factory=dict)
     query: str | None = None
     version: int | None = None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, field: str = "source") -> SourceSpec:
+        """``{"uri", "format"?, "options"?, "version"?}`` or ``{"query"}``."""
+        return _build(cls, data, field)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form: only the keys of the form in use."""
+        data: dict[str, Any] = {} if self.uri is None else {"uri": self.uri}
+        if self.format is not None:
+            data["format"] = self.format
+        if self.uri is not None or self.options:
+            data["options"] = dict(self.options)
+        optional = {"query": self.query, "version": self.version}
+        return data | {key: value for key, value in optional.items() if value is not None}
+
+    def validate(self, *, field: str = "source") -> None:
+        """Check types and values; a query must be one SELECT-like statement."""
+        if (self.uri is None) == (self.query is None):
+            found = "neither" if self.uri is None else "both"
+            raise MergeSpecError(f"{field}: expected exactly one of uri and query, found {found}")
+        _check_str_map(self.options, f"{field}.options")
+        if self.query is not None:
+            _check_str(self.query, f"{field}.query", "a Spark SQL query")
+            for key, value in (("format", self.format), ("version", self.version), ("options", self.options)):
+                if value:
+                    raise _fail(f"{field}.{key}", "nothing with source.query (put it in the query)", value)
+            # Comments are fine here: the query is run as written, never spliced into other SQL.
+            tokens = tokenize_checked(
+                self.query, field=f"{field}.query", allow_trailing_semicolon=True, comments=True
+            )
+            if tokens[0].token_type.name not in _QUERY_STARTS:
+                raise _fail(f"{field}.query", "a query (SELECT, WITH, FROM, VALUES or TABLE)", self.query)
+            return
+        _check_str(self.uri, f"{field}.uri", "a non-empty path or URI")
+        if self.format is not None:
+            _check_choice(self.format, f"{field}.format", _SOURCE_FORMATS)
+        if self.version is not None:
+            _check_int(self.version, f"{field}.version", minimum=0)
+            if self.format != "delta":
+                raise _fail(f"{field}.version", "a version only with format 'delta'", self.format)
 
 
 @dataclass(frozen=True)
@@ -131,6 +255,28 @@ class MergeOptions:
     shuffle_partitions: int | None = None
     dry_run: bool = False
 
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, field: str = "options") -> MergeOptions:
+        """Keys are the field names; absent keys keep their defaults."""
+        return _build(cls, data, field)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form, every option spelled out."""
+        return _plain(self)
+
+    def validate(self, *, field: str = "options") -> None:
+        """Check types and values."""
+        _check_choice(self.materialize_source, f"{field}.materialize_source", ("auto", "all", "none"))
+        _check_choice(self.materialize_storage_level, f"{field}.materialize_storage_level", _STORAGE_LEVELS)
+        policies = ("ANSI", "LEGACY", "STRICT")
+        _check_choice(self.store_assignment_policy, f"{field}.store_assignment_policy", policies)
+        for name in ("schema_evolution", "resolve_structs_by_name", "dry_run"):
+            if not isinstance(getattr(self, name), bool):
+                raise _fail(f"{field}.{name}", "true or false", getattr(self, name))
+        for name in ("target_file_size", "shuffle_partitions"):
+            if getattr(self, name) is not None:
+                _check_int(getattr(self, name), f"{field}.{name}", minimum=1, absent="or null")
+
 
 @dataclass(frozen=True)
 class RunSpec:
@@ -140,13 +286,36 @@ class RunSpec:
     app_version: int | None = None
     commit_metadata: Mapping[str, Any] = field(default_factory=dict)
 
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, field: str = "run") -> RunSpec:
+        """``{"app_id"?, "app_version"?, "commit_metadata"?}``."""
+        return _build(cls, data, field)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form."""
+        return _plain(self)
+
+    def validate(self, *, field: str = "run") -> None:
+        """Check types and values; app_id and app_version come together or not at all."""
+        if self.app_id is not None:
+            _check_str(self.app_id, f"{field}.app_id", "a non-empty application id")
+        if self.app_version is not None:
+            _check_int(self.app_version, f"{field}.app_version", minimum=0)
+        if (self.app_id is None) != (self.app_version is None):
+            given = "app_id" if self.app_version is None else "app_version"
+            raise MergeSpecError(f"{field}: expected app_id and app_version or neither, found {given} only")
+        if not isinstance(self.commit_metadata, Mapping):
+            raise _fail(f"{field}.commit_metadata", "a JSON object", self.commit_metadata)
+        _check_json(self.commit_metadata, f"{field}.commit_metadata")
+
 
 @dataclass(frozen=True)
 class MergeSpec:
     """One merge: target, source, the statement (SQL or structural) and options.
 
     Give either ``merge_sql`` or the structural form (``condition`` and ``clauses``, with optional
-    ``target_alias`` / ``source_alias``). ``parsed()`` turns both into the same :class:`ParsedMerge`.
+    ``target_alias`` / ``source_alias``, "target" and "source" by default). ``parsed()`` turns both into
+    the same :class:`ParsedMerge`.
     """
 
     target: TargetSpec
@@ -159,3 +328,254 @@ class MergeSpec:
     options: MergeOptions = field(default_factory=MergeOptions)
     run: RunSpec = field(default_factory=RunSpec)
     expected_metrics: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> MergeSpec:
+        """Build from the JSON form, refusing unknown keys and wrong types (validate() checks the SQL)."""
+        keys = _keys(data, "spec", allowed=[f.name for f in fields(cls)], required=("target", "source"))
+        clauses = keys.get("clauses", [])
+        if not isinstance(clauses, list):
+            raise _fail("clauses", "a JSON array of WHEN clauses", clauses)
+        spec = cls(
+            target=TargetSpec.from_dict(keys["target"]),
+            source=SourceSpec.from_dict(keys["source"]),
+            merge_sql=keys.get("merge_sql"),
+            target_alias=keys.get("target_alias"),
+            source_alias=keys.get("source_alias"),
+            condition=keys.get("condition"),
+            clauses=tuple(MergeClause.from_dict(c, field=f"clauses[{i}]") for i, c in enumerate(clauses)),
+            options=MergeOptions.from_dict(keys.get("options", {})),
+            run=RunSpec.from_dict(keys.get("run", {})),
+            expected_metrics=_copy(keys.get("expected_metrics", {})),
+        )
+        spec._check_fields()
+        return spec
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> MergeSpec:
+        """Build from JSON text."""
+        try:
+            data = json.loads(text)
+        except (TypeError, ValueError) as error:
+            raise MergeSpecError(f"spec: expected a JSON object, found invalid JSON ({error})") from error
+        return cls.from_dict(data)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form; ``MergeSpec.from_dict(spec.to_dict()) == spec``."""
+        data: dict[str, Any] = {"target": self.target.to_dict(), "source": self.source.to_dict()}
+        optional = {
+            "merge_sql": self.merge_sql,
+            "target_alias": self.target_alias,
+            "source_alias": self.source_alias,
+            "condition": self.condition,
+        }
+        data |= {key: value for key, value in optional.items() if value is not None}
+        if self.clauses:
+            data["clauses"] = [clause.to_dict() for clause in self.clauses]
+        data["options"] = self.options.to_dict()
+        data["run"] = self.run.to_dict()
+        data["expected_metrics"] = _copy(self.expected_metrics)
+        return data
+
+    def to_json(self, *, indent: int | None = None) -> str:
+        """JSON text; ``MergeSpec.from_json(spec.to_json()) == spec``."""
+        return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
+
+    def parsed(self) -> ParsedMerge:
+        """The merge in one normal form, from either ``merge_sql`` or the structural form.
+
+        :raises MergeSpecError: when the statement or an expression does not parse.
+        """
+        # merge_sql builds this module's dataclasses, so it can only be imported once they exist.
+        from spark_jobs.delta_merge import merge_sql
+
+        self._check_form()
+        if self.merge_sql is not None:
+            return merge_sql.parse_merge_sql(self.merge_sql)
+        return merge_sql.parse_structural(
+            target_alias=self.target_alias or "target",
+            source_alias=self.source_alias or "source",
+            condition=str(self.condition),
+            clauses=self.clauses,
+        )
+
+    def validate(self) -> ParsedMerge:
+        """Check everything: fields, Delta's MERGE rules, and every expression through the guard.
+
+        :returns: the parsed merge.
+        :raises MergeSpecError: naming the field, what was expected and what was found.
+        """
+        from spark_jobs.delta_merge import merge_sql
+
+        self._check_fields()
+        parsed = self.parsed()
+        merge_sql.check_parsed_merge(parsed, sql_form=self.merge_sql is not None)
+        return parsed
+
+    def _check_form(self) -> None:
+        names = ("target_alias", "source_alias", "condition")
+        structural = [name for name in names if getattr(self, name) is not None]
+        structural += ["clauses"] if self.clauses else []
+        if self.merge_sql is not None:
+            _check_str(self.merge_sql, "merge_sql", "a MERGE INTO statement")
+            if structural:
+                raise MergeSpecError(
+                    f"merge_sql: expected either merge_sql or the structural form, found merge_sql and "
+                    f"{', '.join(structural)}"
+                )
+        elif not structural:
+            raise MergeSpecError(
+                "merge_sql: expected either merge_sql or the structural form (condition and clauses), "
+                "found neither"
+            )
+        elif self.condition is None:
+            raise MergeSpecError("condition: expected the ON condition of the structural form, found nothing")
+
+    def _check_fields(self) -> None:
+        parts: dict[str, type[TargetSpec | SourceSpec | MergeOptions | RunSpec]] = {
+            "target": TargetSpec, "source": SourceSpec, "options": MergeOptions, "run": RunSpec
+        }  # fmt: skip
+        for name, kind in parts.items():
+            value = getattr(self, name)
+            if not isinstance(value, kind):
+                raise _fail(name, f"a {kind.__name__}", value)
+            value.validate(field=name)
+        self._check_form()
+        for name in ("target_alias", "source_alias", "condition"):
+            if getattr(self, name) is not None:
+                _check_str(getattr(self, name), name, "a non-empty string")
+        if not isinstance(self.clauses, tuple):
+            raise _fail("clauses", "a tuple of MergeClause", self.clauses)
+        for index, clause in enumerate(self.clauses):
+            if not isinstance(clause, MergeClause):
+                raise _fail(f"clauses[{index}]", "a MergeClause", clause)
+            clause.validate(field=f"clauses[{index}]")
+        _check_expected_metrics(self.expected_metrics)
+
+
+def parse_column_path(text: str, *, field: str) -> tuple[str, ...]:
+    """``addr.city`` -> ``("addr", "city")``; a part may be backticked (doubling a backtick inside)."""
+    parts: list[str] = []
+    position = 0
+    while True:
+        match = _PART.match(text, position) if isinstance(text, str) else None
+        if match is None or not (match.group(2) or match.group(1)):
+            raise _fail(field, "column names: a dotted path of names, backticked where needed", text)
+        quoted, plain = match.groups()
+        parts.append(quoted.replace("``", "`") if quoted is not None else plain)
+        position = match.end()
+        if position == len(text):
+            return tuple(parts)
+        if text[position] != ".":
+            raise _fail(field, "'.' between the names of a column path", text)
+        position += 1
+
+
+def format_column_path(column: Sequence[str]) -> str:
+    """The inverse of :func:`parse_column_path`: backticks only where a name needs them."""
+    return ".".join(part if _PLAIN.fullmatch(part) else f"`{part.replace('`', '``')}`" for part in column)
+
+
+def _found(value: object) -> str:
+    text = repr(value)
+    return f"{text[:80]}{'...' if len(text) > 80 else ''} ({type(value).__name__})"
+
+
+def _fail(field: str, expected: str, value: object) -> MergeSpecError:
+    return MergeSpecError(f"{field}: expected {expected}, found {_found(value)}")
+
+
+def _keys(
+    data: object, field: str, *, allowed: Sequence[str], required: Sequence[str] = ()
+) -> Mapping[str, Any]:
+    if not isinstance(data, Mapping):
+        raise _fail(field, "a JSON object", data)
+    unknown = [key for key in data if key not in allowed]
+    if unknown:
+        listed = ", ".join(map(repr, unknown))
+        raise MergeSpecError(f"{field}: expected keys among {', '.join(allowed)}, found unknown key {listed}")
+    missing = [key for key in required if key not in data]
+    if missing:
+        raise MergeSpecError(f"{field}: expected key(s) {', '.join(missing)}, found them missing")
+    return data
+
+
+class _Part(Protocol):
+    def validate(self, *, field: str) -> None: ...
+
+
+_P = TypeVar("_P", bound=_Part)
+
+
+def _build(cls: type[_P], data: object, field: str, *, required: Sequence[str] = ()) -> _P:
+    allowed = [f.name for f in fields(cls)]  # type: ignore[arg-type]
+    # Copies, so that a spec never shares a mutable dict with the caller's data.
+    given = _keys(data, field, allowed=allowed, required=required)
+    kwargs = {key: _copy(value) for key, value in given.items()}
+    part = cls(**kwargs)
+    part.validate(field=field)
+    return part
+
+
+def _plain(part: object) -> dict[str, Any]:
+    return {f.name: _copy(getattr(part, f.name)) for f in fields(part)}  # type: ignore[arg-type]
+
+
+def _copy(value: Any) -> Any:
+    return copy.deepcopy(dict(value)) if isinstance(value, Mapping) else value
+
+
+def _check_str(value: object, field: str, expected: str) -> None:
+    if not isinstance(value, str) or not value.strip():
+        raise _fail(field, expected, value)
+
+
+def _check_int(value: object, field: str, *, minimum: int, absent: str = "") -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise _fail(field, f"an integer >= {minimum} {absent}".strip(), value)
+
+
+def _check_choice(value: object, field: str, choices: Sequence[str]) -> None:
+    if value not in choices:
+        raise _fail(field, f"one of {', '.join(choices)}", value)
+
+
+def _check_str_map(value: object, field: str) -> None:
+    if not isinstance(value, Mapping):
+        raise _fail(field, "a JSON object of string: string", value)
+    for key, item in value.items():
+        if not isinstance(key, str) or not isinstance(item, str):
+            raise _fail(f"{field}.{key}", "a string value (options are passed to Spark as strings)", item)
+
+
+def _check_json(value: object, field: str) -> None:
+    # Exactly JSON's types, so that the spec survives a JSON round trip unchanged.
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise _fail(field, "string keys", key)
+            _check_json(item, f"{field}.{key}")
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _check_json(item, f"{field}[{index}]")
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise _fail(field, "a finite number", value)
+    elif value is not None and not isinstance(value, (str, int, float, bool)):
+        raise _fail(field, "a JSON value (object, array, string, number, true, false or null)", value)
+
+
+def _check_expected_metrics(value: object) -> None:
+    if not isinstance(value, Mapping):
+        raise _fail("expected_metrics", "a JSON object of metric: {comparator: number}", value)
+    for metric, checks in value.items():
+        where = f"expected_metrics.{metric}"
+        if not isinstance(metric, str) or not metric:
+            raise _fail("expected_metrics", "metric names as keys", metric)
+        if not isinstance(checks, Mapping) or not checks:
+            raise _fail(where, f"an object of comparator ({', '.join(_COMPARATORS)}): number", checks)
+        for comparator, number in checks.items():
+            _check_choice(comparator, where, _COMPARATORS)
+            if isinstance(number, bool) or not isinstance(number, (int, float)) or not math.isfinite(number):
+                raise _fail(f"{where}.{comparator}", "a finite number", number)
+        if "tolerance" in checks and ("equal_to" not in checks or checks["tolerance"] < 0):
+            raise _fail(f"{where}.tolerance", "a number >= 0 alongside equal_to", dict(checks))
