@@ -18,7 +18,7 @@ METRICS_PREFIX = "MERGE_METRICS_JSON="
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="delta_merge", description="Run one Delta Lake MERGE INTO on Spark.")
+    parser = argparse.ArgumentParser(prog="delta_merge", description="Run one Delta Lake MERGE INTO.")
     group = parser.add_mutually_exclusive_group(required=True)
     group.add_argument("--spec", help="path of the merge spec JSON file")
     group.add_argument("--spec-json", help="the merge spec as a JSON string")
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         print(METRICS_PREFIX + json.dumps(metrics.to_dict(), sort_keys=True), flush=True)
     except MergeJobError as exc:
         cause, code = f"MERGE failed: {type(exc).__name__}: {exc}", 1
-    except Exception as exc:  # noqa: BLE001 - anything else still has to end as one clear line
+    except Exception as exc:  # anything else still has to end as one clear line
         cause, code = f"MERGE failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}", 2
     finally:
         if spark is not None:

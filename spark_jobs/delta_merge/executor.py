@@ -8,13 +8,14 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from pyspark.sql import DataFrame, Observation, SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from spark_jobs.delta_merge.analysis import MergePlan
 from spark_jobs.delta_merge.data_skipping import partition_count, prune_files
 from spark_jobs.delta_merge.files import LiveFile, WrittenFile
 from spark_jobs.delta_merge.metrics import MergeMetrics
+from spark_jobs.delta_merge.row_counter import counted
 from spark_jobs.delta_merge.rewrite import ACTION_COLUMN, DROPPED_ACTIONS, Action, classic_output, insert_only_output
 from spark_jobs.delta_merge.snapshot import TargetSnapshot
 from spark_jobs.delta_merge.table_features import check_writable
@@ -139,16 +140,14 @@ def _insert_only(
 ) -> MergeOutcome:
     check_writable(snapshot, removes_files=False, candidate_files=candidates)
     started = time.monotonic()
-    observation = Observation("merge_source_rows")
-    counted = source.observe(observation, F.count(F.lit(1)).alias("rows"))
+    source, source_rows = counted(source, "merge_source_rows")
     target = scan_files(spark, snapshot, candidates) if candidates else None
-    output = insert_only_output(counted, target, plan=plan)
+    output = insert_only_output(source, target, plan=plan)
     counts, adds = _write(spark, output, snapshot=snapshot, plan=plan, target_file_size=target_file_size,
                           dry_run=dry_run, description="MERGE operation - writing new files for only inserts")
-    source_rows = int(observation.get.get("rows", 0))
     values = {
         **_row_metrics(counts), **_file_metrics(snapshot, candidates, (), adds),
-        "numSourceRows": source_rows, "rewriteTimeMs": _elapsed_ms(started),
+        "numSourceRows": source_rows(), "rewriteTimeMs": _elapsed_ms(started),
     }
     return MergeOutcome(MergeMetrics(**values), (), adds)
 
@@ -171,14 +170,13 @@ def _classic(
     check_writable(snapshot, removes_files=bool(removes), candidate_files=list(removes))
     log.info("%d of %d candidate files touched", len(removes), len(candidates))
     started = time.monotonic()
-    observation = Observation("merge_source_rows_second_scan")
-    counted = source.observe(observation, F.count(F.lit(1)).alias("rows"))
+    source, second_scan_rows = counted(source, "merge_source_rows_second_scan")
     if removes:
-        output = classic_output(counted, scan_files(spark, snapshot, removes), plan=plan,
+        output = classic_output(source, scan_files(spark, snapshot, removes), plan=plan,
                                 copy_values=plan.copy_values)
     elif plan.clauses_of("not_matched"):
         # Nothing matched: like Delta's writeInsertsOnlyWhenNoMatches, only the inserts are written.
-        output = insert_only_output(counted, None, plan=plan.only_inserts())
+        output = insert_only_output(source, None, plan=plan.only_inserts())
     else:
         output = None
     counts: dict[int, int] = {}
@@ -186,7 +184,7 @@ def _classic(
     if output is not None:
         counts, adds = _write(spark, output, snapshot=snapshot, plan=plan, target_file_size=target_file_size,
                               dry_run=dry_run, description=f"MERGE operation - Rewriting {len(removes)} files")
-    second_scan = int(observation.get.get("rows", 0)) if output is not None else touched.num_source_rows
+    second_scan = second_scan_rows() if output is not None else touched.num_source_rows
     values = {
         **_row_metrics(counts), **_file_metrics(snapshot, candidates, removes, adds),
         "numSourceRows": touched.num_source_rows, "numSourceRowsInSecondScan": second_scan,

@@ -28,12 +28,12 @@ class ColumnRef:
     node: exp.Column
 
 
-def parse_expression(sql: str) -> exp.Expression:
+def parse_expression(sql: str) -> exp.Expr:
     """Parse one Spark SQL expression."""
     return sqlglot.parse_one(sql, dialect=DIALECT)
 
 
-def render(node: exp.Expression) -> str:
+def render(node: exp.Expr) -> str:
     """Spark SQL text of a tree."""
     return node.sql(dialect=DIALECT)
 
@@ -41,9 +41,9 @@ def render(node: exp.Expression) -> str:
 def split_conjuncts(sql: str) -> list[str]:
     """``a AND (b AND c)`` -> ``[a, b, c]``, as Spark's splitConjunctivePredicates does."""
     node = parse_expression(sql)
-    out: list[exp.Expression] = []
+    out: list[exp.Expr] = []
 
-    def walk(n: exp.Expression) -> None:
+    def walk(n: exp.Expr) -> None:
         while isinstance(n, exp.Paren):
             n = n.this
         if isinstance(n, exp.And):
@@ -59,14 +59,14 @@ def split_conjuncts(sql: str) -> list[str]:
 def _column_parts(col: exp.Column) -> tuple[str, ...]:
     parts = [part.name for part in col.parts]
     # Paths deeper than catalog.db.table.column continue as Dot nodes around the Column.
-    node: exp.Expression = col
+    node: exp.Expr = col
     while isinstance(node.parent, exp.Dot) and node.parent.this is node:
         parts.append(node.parent.expression.name)
         node = node.parent
     return tuple(parts)
 
 
-def _lambda_params(node: exp.Expression) -> set[str]:
+def _lambda_params(node: exp.Expr) -> set[str]:
     names: set[str] = set()
     parent = node.parent
     while parent is not None:
@@ -76,7 +76,7 @@ def _lambda_params(node: exp.Expression) -> set[str]:
     return names
 
 
-def _columns(node: exp.Expression) -> Iterator[exp.Column]:
+def _columns(node: exp.Expr) -> Iterator[exp.Column]:
     for col in node.find_all(exp.Column):
         parts = _column_parts(col)
         # Lambda variables (`x` in `transform(a, x -> x + 1)`) are not columns.
@@ -119,14 +119,14 @@ def qualify_to_side(
     return render(node), foreign
 
 
-def _build_column(parts: Sequence[str]) -> exp.Expression:
+def _build_column(parts: Sequence[str]) -> exp.Expr:
     identifiers = [exp.to_identifier(p, quoted=True) for p in parts]
     if len(identifiers) <= 4:
         names = ["this", "table", "db", "catalog"]
         kwargs = {names[i]: ident for i, ident in enumerate(reversed(identifiers))}
         return exp.Column(**kwargs)
     # Deeper paths: a column of the first four parts, then field accesses.
-    base: exp.Expression = _build_column(parts[:4])
+    base: exp.Expr = _build_column(parts[:4])
     for part in parts[4:]:
         base = exp.Dot(this=base, expression=exp.to_identifier(part, quoted=True))
     return base

@@ -5,11 +5,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pyspark.sql import DataFrame, Observation
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from spark_jobs.delta_merge.analysis import MergePlan
 from spark_jobs.delta_merge.errors import MultipleSourceRowMatchesError
+from spark_jobs.delta_merge.row_counter import counted
 from spark_jobs.delta_merge.table_scan import FILE_KEY_COLUMN
 
 __all__ = ["MULTIPLE_MATCHES_MESSAGE", "TouchedFiles", "find_touched_files"]
@@ -56,9 +57,8 @@ def find_touched_files(
     rows, unless the only MATCHED clause is an unconditional DELETE. With NOT MATCHED BY SOURCE
     clauses every candidate file is touched, since unmatched target rows may change too.
     """
-    observation = Observation("merge_source_rows")
-    counted = source.observe(observation, F.count(F.lit(1)).alias("rows"))
-    joined = counted.alias(plan.source_alias).join(
+    source, source_rows = counted(source, "merge_source_rows")
+    joined = source.alias(plan.source_alias).join(
         target.withColumn(ROW_ID_COLUMN, F.monotonically_increasing_id()).alias(plan.target_alias),
         on=F.expr(plan.condition),
         how="inner",
@@ -71,7 +71,7 @@ def find_touched_files(
         F.max("matches").alias("max_matches"), F.count(F.lit(1)).alias("rows"), F.max("acts").alias("acts")
     )
     found = per_file.collect()
-    num_source_rows = int(observation.get.get("rows", 0))
+    num_source_rows = source_rows()
     if any(r["max_matches"] > 1 for r in found) and not plan.parsed.is_only_one_unconditional_delete:
         raise MultipleSourceRowMatchesError(MULTIPLE_MATCHES_MESSAGE)
     keys = frozenset(r[FILE_KEY_COLUMN] for r in found if r["acts"])

@@ -51,13 +51,14 @@ def dataframe(spark: SparkSession, ddl: str, rows: list[list[Any]]) -> DataFrame
     """Rows in the scenario encoding as a DataFrame of the DDL schema."""
     schema = spark.createDataFrame([], ddl).schema
     records = [
-        json.dumps({f.name: _to_json_value(v, f.dataType) for f, v in zip(schema.fields, row)})
+        json.dumps({f.name: _to_json_value(v, f.dataType) for f, v in zip(schema.fields, row, strict=True)})
         for row in rows
     ]
     if any(isinstance(f.dataType, BinaryType) for f in schema.fields):
         raise NotImplementedError("binary columns in scenarios")
     reader = spark.read.schema(schema).option("allowNonNumericNumbers", "true")
-    return reader.json(spark.sparkContext.parallelize(records, 1) if records else spark.sparkContext.emptyRDD())
+    lines = spark.sparkContext.parallelize(records, 1) if records else spark.sparkContext.emptyRDD()
+    return reader.json(lines)
 
 
 def create_target(spark: SparkSession, path: Path, scenario: Mapping[str, Any]) -> None:
