@@ -31,7 +31,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ISOLATION_LEVELS", "MERGE_ENGINE", "MERGE_OPERATION", "SCHEMA_EVOLUTION_OPERATION", "CommitPlan",
-    "attempt_commit", "commit_merge", "find_app_transaction_commit", "plan_commit", "read_commit_info",
+    "attempt_commit", "commit_merge", "find_app_transaction_commit", "latest_version", "plan_commit",
+    "read_commit_actions", "read_commit_info",
 ]
 
 # deltalake forces commitInfo.operation to WRITE; these keys tell a merge commit apart.
@@ -310,6 +311,18 @@ def _commit(
         f"Commit to {plan.table_uri} on version {base} failed: {_first_line(cause)}. Before retrying, check "
         "with find_app_transaction_commit or the table history whether it landed."
     ) from cause
+
+
+def read_commit_actions(
+    uri: str, version: int, *, storage_options: Mapping[str, str] | None = None
+) -> list[dict[str, Any]] | None:
+    """The actions of one commit file, or None when it does not exist."""
+    return _read_commit(_log_handler(uri, storage_options), version)
+
+
+def latest_version(uri: str, *, known: int, storage_options: Mapping[str, str] | None = None) -> int:
+    """The latest committed version, at least ``known`` (which must exist)."""
+    return _latest_version(_log_handler(uri, storage_options), known)
 
 
 def _first_line(exc: Exception) -> str:

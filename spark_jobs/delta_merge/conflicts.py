@@ -1,0 +1,114 @@
+"""Delta's conflict rules (its ConflictChecker) applied to the commits that landed after a merge read.
+
+deltalake's commit does not check these (a concurrent append or compaction would commit silently and
+duplicate rows), so the merge checks every commit between its read version and the version it commits on.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from spark_jobs.delta_merge.errors import ConcurrentModificationError
+from spark_jobs.delta_merge.files import FileStats, LiveFile
+
+__all__ = ["AlreadyApplied", "ReadSet", "check_winning_commit"]
+
+
+@dataclass(frozen=True)
+class ReadSet:
+    """What a merge read and writes, as the conflict rules need it.
+
+    :param whole_table: the merge read every file (no target-only predicate, or NOT MATCHED BY SOURCE).
+    :param read_paths: ``add.path`` of every file the merge scanned.
+    :param removed_paths: ``add.path`` of every file the merge removes.
+    :param token: the merge's commit token, which marks its own schema-evolution commit.
+    :param serializable: the table's ``delta.isolationLevel`` is Serializable: blind appends conflict too.
+    """
+
+    whole_table: bool
+    read_paths: frozenset[str]
+    removed_paths: frozenset[str]
+    app_id: str | None
+    app_version: int | None
+    token: str
+    serializable: bool = False
+
+
+@dataclass(frozen=True)
+class AlreadyApplied:
+    """A concurrent commit already applied this merge's app transaction (same app id, same or newer)."""
+
+    version: int
+    commit_info: Mapping[str, Any]
+
+
+def _conflict(version: int, rule: str, detail: str) -> ConcurrentModificationError:
+    return ConcurrentModificationError(
+        f"{rule}: version {version}, committed after this merge read the table, {detail}. Nothing was "
+        "committed; re-run the merge so that it reads the new version."
+    )
+
+
+def _added_file(add: Mapping[str, Any]) -> LiveFile:
+    stats_text = add.get("stats")
+    stats = None
+    if stats_text:
+        parsed = json.loads(stats_text)
+        stats = FileStats(
+            num_records=parsed.get("numRecords"), min_values=parsed.get("minValues", {}),
+            max_values=parsed.get("maxValues", {}), null_count=parsed.get("nullCount", {}),
+        )
+    return LiveFile(
+        path=add["path"], size=int(add.get("size", 0)), partition_values=add.get("partitionValues", {}),
+        stats=stats, modification_time=int(add.get("modificationTime", 0)),
+    )
+
+
+def check_winning_commit(
+    version: int,
+    actions: Sequence[Mapping[str, Any]],
+    read: ReadSet,
+    *,
+    matches_read: Callable[[Sequence[LiveFile]], bool],
+) -> AlreadyApplied | None:
+    """Raise :class:`ConcurrentModificationError` when commit ``version`` conflicts with the merge.
+
+    ``matches_read`` says whether any of the given added files falls into what the merge read (its
+    target-only predicates, evaluated on partition values and statistics). Returns
+    :class:`AlreadyApplied` when the commit applied this very app transaction.
+    """
+    info: Mapping[str, Any] = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+    if info.get("mergeCommitToken") == read.token:
+        return None  # this merge's own schema-evolution commit
+    for txn in _of(actions, "txn"):
+        if read.app_id is not None and txn.get("appId") == read.app_id:
+            if read.app_version is not None and int(txn.get("version", -1)) >= read.app_version:
+                return AlreadyApplied(version, dict(info))
+            raise _conflict(version, "ConcurrentTransactionException",
+                            f"holds a transaction of the same app id {read.app_id!r}")
+    if any(True for _ in _of(actions, "protocol")):
+        raise _conflict(version, "ProtocolChangedException", "changed the table's protocol")
+    if any(True for _ in _of(actions, "metaData")):
+        raise _conflict(version, "MetadataChangedException", "changed the table's schema or properties")
+    for remove in _of(actions, "remove"):
+        path = remove.get("path")
+        if path in read.removed_paths:
+            raise _conflict(version, "ConcurrentDeleteDeleteException",
+                            f"removed {path}, a file this merge also removes")
+        if path in read.read_paths:
+            raise _conflict(version, "ConcurrentDeleteReadException",
+                            f"removed {path}, a file this merge read")
+    blind = info.get("isBlindAppend") is True
+    if read.serializable or not blind:
+        added = [_added_file(a) for a in _of(actions, "add") if a.get("dataChange", True)]
+        if added and (read.whole_table or matches_read(added)):
+            raise _conflict(version, "ConcurrentAppendException",
+                            f"added {len(added)} file(s) into what this merge read")
+    return None
+
+
+def _of(actions: Iterable[Mapping[str, Any]], kind: str) -> Iterable[Mapping[str, Any]]:
+    return (a[kind] for a in actions if kind in a)

@@ -1,0 +1,75 @@
+"""Commit a merge under Delta's WriteSerializable rules: check what landed since the read, then CAS."""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from spark_jobs.delta_merge.commit import CommitPlan, attempt_commit, latest_version, read_commit_actions
+from spark_jobs.delta_merge.conflicts import ReadSet, check_winning_commit
+from spark_jobs.delta_merge.errors import ConcurrentModificationError, MergeExecutionError
+from spark_jobs.delta_merge.files import LiveFile
+
+__all__ = ["CommitOutcome", "commit_serializably"]
+
+log = logging.getLogger("delta_merge")
+
+
+@dataclass(frozen=True)
+class CommitOutcome:
+    """Where the merge landed; ``already_applied`` when a concurrent attempt with the same app id won."""
+
+    version: int
+    already_applied: bool = False
+    commit_info: Mapping[str, Any] = field(default_factory=dict)
+
+
+def commit_serializably(
+    plan: CommitPlan,
+    read: ReadSet,
+    *,
+    matches_read: Callable[[Sequence[LiveFile]], bool],
+    storage_options: Mapping[str, str] | None = None,
+    max_attempts: int = 10,
+    sleep: Callable[[float], None] = time.sleep,
+) -> CommitOutcome:
+    """Commit ``plan`` on the latest version once no commit since the read conflicts with it.
+
+    Every commit after the read version is checked once against Delta's rules
+    (:func:`check_winning_commit`); then the commit is a compare-and-swap on the latest version. When
+    another writer wins that race, only its new commits are checked and the swap is tried again, with
+    jittered backoff, up to ``max_attempts`` times.
+
+    :raises ConcurrentModificationError: a conflicting commit landed (names its version and the rule),
+        or the swap kept losing.
+    """
+    checked = plan.read_version
+    for attempt in range(max_attempts):
+        latest = latest_version(plan.table_uri, known=checked, storage_options=storage_options)
+        for version in range(checked + 1, latest + 1):
+            actions = read_commit_actions(plan.table_uri, version, storage_options=storage_options)
+            if actions is None:
+                raise MergeExecutionError(
+                    f"Commit file of version {version} of {plan.table_uri} is missing while checking for "
+                    "conflicts (log cleaned up during the merge?). Nothing was committed; re-run the merge."
+                )
+            applied = check_winning_commit(version, actions, read, matches_read=matches_read)
+            if applied is not None:
+                log.info("app transaction already applied by version %d", applied.version)
+                return CommitOutcome(applied.version, already_applied=True, commit_info=applied.commit_info)
+        if latest > checked:
+            log.info("versions %d..%d committed meanwhile; none conflicts", checked + 1, latest)
+        checked = latest
+        try:
+            return CommitOutcome(attempt_commit(plan, base_version=latest, storage_options=storage_options))
+        except ConcurrentModificationError:
+            # Lost the race for version latest + 1: check the winner, then try on top of it.
+            sleep(random.uniform(0.5, 1.5) * min(2.0, 0.05 * 2**attempt))
+    raise ConcurrentModificationError(
+        f"Gave up committing the merge to {plan.table_uri} after {max_attempts} attempts: other writers "
+        "committed first every time. Nothing was committed; re-run the merge."
+    )

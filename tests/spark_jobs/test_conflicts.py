@@ -1,0 +1,121 @@
+"""Delta's conflict rules over winning commits (pure logic: the log actions are given as data)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from spark_jobs.delta_merge.conflicts import AlreadyApplied, ReadSet, check_winning_commit
+from spark_jobs.delta_merge.errors import ConcurrentModificationError
+from spark_jobs.delta_merge.files import LiveFile
+
+READ = ReadSet(
+    whole_table=False,
+    read_paths=frozenset({"p=1/a.parquet", "p=1/b.parquet"}),
+    removed_paths=frozenset({"p=1/a.parquet"}),
+    app_id="dag.task",
+    app_version=3,
+    token="our-token",
+)
+
+
+def _add(path: str, part: str, *, data_change: bool = True) -> dict[str, Any]:
+    return {"add": {"path": path, "size": 10, "partitionValues": {"p": part}, "modificationTime": 0,
+                    "dataChange": data_change}}
+
+
+def _remove(path: str, *, data_change: bool = True) -> dict[str, Any]:
+    return {"remove": {"path": path, "dataChange": data_change, "deletionTimestamp": 0}}
+
+
+def _info(**values: Any) -> dict[str, Any]:
+    return {"commitInfo": {"operation": "WRITE", **values}}
+
+
+def _in_partition_1(files: Sequence[LiveFile]) -> bool:
+    return any(f.partition_values.get("p") == "1" for f in files)
+
+
+def check(actions: list[dict[str, Any]], read: ReadSet = READ) -> AlreadyApplied | None:
+    return check_winning_commit(7, actions, read, matches_read=_in_partition_1)
+
+
+def conflict_rule(actions: list[dict[str, Any]], read: ReadSet = READ) -> str:
+    with pytest.raises(ConcurrentModificationError) as raised:
+        check(actions, read)
+    message = str(raised.value)
+    assert "version 7" in message
+    return message.split(":")[0]
+
+
+def test_append_into_read_partition_by_non_blind_commit_conflicts() -> None:
+    assert conflict_rule([_info(), _add("p=1/new.parquet", "1")]) == "ConcurrentAppendException"
+
+
+def test_blind_append_into_read_partition_does_not_conflict_under_write_serializable() -> None:
+    assert check([_info(isBlindAppend=True), _add("p=1/new.parquet", "1")]) is None
+
+
+def test_blind_append_conflicts_under_serializable() -> None:
+    serializable = ReadSet(**{**READ.__dict__, "serializable": True})
+    assert conflict_rule([_info(isBlindAppend=True), _add("p=1/n.parquet", "1")], serializable) == (
+        "ConcurrentAppendException")
+
+
+def test_append_into_disjoint_partition_does_not_conflict() -> None:
+    assert check([_info(), _add("p=2/new.parquet", "2")]) is None
+
+
+def test_any_append_conflicts_with_a_whole_table_read() -> None:
+    whole = ReadSet(**{**READ.__dict__, "whole_table": True})
+    assert conflict_rule([_info(), _add("p=2/new.parquet", "2")], whole) == "ConcurrentAppendException"
+
+
+def test_remove_of_a_read_file_conflicts() -> None:
+    assert conflict_rule([_info(), _remove("p=1/b.parquet")]) == "ConcurrentDeleteReadException"
+
+
+def test_remove_of_a_file_this_merge_removes_conflicts() -> None:
+    assert conflict_rule([_info(), _remove("p=1/a.parquet")]) == "ConcurrentDeleteDeleteException"
+
+
+def test_compaction_of_a_read_file_conflicts_even_without_data_change() -> None:
+    compaction = [_info(operation="OPTIMIZE"), _remove("p=1/b.parquet", data_change=False),
+                  _add("p=1/compacted.parquet", "1", data_change=False)]
+    assert conflict_rule(compaction) == "ConcurrentDeleteReadException"
+
+
+def test_compaction_elsewhere_does_not_conflict() -> None:
+    compaction = [_info(operation="OPTIMIZE"), _remove("p=2/x.parquet", data_change=False),
+                  _add("p=2/compacted.parquet", "2", data_change=False)]
+    assert check(compaction) is None
+
+
+def test_schema_change_conflicts() -> None:
+    assert conflict_rule([_info(), {"metaData": {"id": "x"}}]) == "MetadataChangedException"
+
+
+def test_protocol_change_conflicts() -> None:
+    assert conflict_rule([_info(), {"protocol": {"minReaderVersion": 3}}]) == "ProtocolChangedException"
+
+
+def test_own_schema_evolution_commit_is_not_a_conflict() -> None:
+    assert check([_info(mergeCommitToken="our-token"), {"metaData": {"id": "x"}}]) is None
+
+
+def test_same_app_id_with_an_older_version_conflicts() -> None:
+    txn = {"txn": {"appId": "dag.task", "version": 2}}
+    assert conflict_rule([_info(), txn]) == "ConcurrentTransactionException"
+
+
+@pytest.mark.parametrize("version", [3, 4])
+def test_same_app_id_at_or_after_our_version_means_already_applied(version: int) -> None:
+    txn = {"txn": {"appId": "dag.task", "version": version}}
+    applied = check([_info(readVersion=5), txn])
+    assert applied == AlreadyApplied(7, {"operation": "WRITE", "readVersion": 5})
+
+
+def test_other_app_ids_do_not_matter() -> None:
+    assert check([_info(), {"txn": {"appId": "other", "version": 9}}]) is None
