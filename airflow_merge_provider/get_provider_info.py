@@ -13,10 +13,16 @@ INTEGRATION_NAME = "Delta Lake MERGE on Spark"
 
 # Modules Airflow lists for this provider, by kind. Name a module here only once it exists: Airflow imports
 # each one when it builds its lists (tests/test_packaging.py imports them all, without Spark).
-_OPERATOR_MODULES: tuple[str, ...] = ()
-_SENSOR_MODULES: tuple[str, ...] = ()
-_HOOK_MODULES: tuple[str, ...] = ()
-_TRIGGER_MODULES: tuple[str, ...] = ()
+_OPERATOR_MODULES: tuple[str, ...] = (
+    "airflow_merge_provider.operators.merge_into",
+    "airflow_merge_provider.operators.merge_metrics_branch",
+)
+_SENSOR_MODULES: tuple[str, ...] = ("airflow_merge_provider.sensors.merge_commit",)
+_HOOK_MODULES: tuple[str, ...] = (
+    "airflow_merge_provider.hooks.merge_commit",
+    "airflow_merge_provider.hooks.merge_into",
+)
+_TRIGGER_MODULES: tuple[str, ...] = ("airflow_merge_provider.triggers.merge_commit",)
 
 
 def _by_integration(modules: tuple[str, ...]) -> list[dict[str, Any]]:

@@ -74,11 +74,14 @@ def test_pyproject_dependencies_and_dev_extra(pyproject: dict[str, Any]) -> None
         "apache-airflow",
         "apache-airflow-providers-apache-spark",
         "pyspark",
+        "pyspark-client",
         "deltalake",
         "pyarrow",
         "pendulum",
         "sqlglot",
     }
+    pins = {r.split("==")[1] for r in pyproject["project"]["dependencies"] if r.startswith("pyspark")}
+    assert len(pins) == 1, "pyspark and pyspark-client must be the same release"
     dev = _requirement_names(pyproject["project"]["optional-dependencies"]["dev"])
     assert {"pytest", "hypothesis", "ruff", "mypy"} <= dev
 

@@ -1,0 +1,69 @@
+"""Errors raised by the provider: one root, typed subclasses, classified by type only."""
+
+from __future__ import annotations
+
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+__all__ = [
+    "MergeArgumentError",
+    "MergeJobFailedError",
+    "MergeJobRejectedError",
+    "MergeMetricsNotFoundError",
+    "MergeProviderError",
+    "MergeSpecInvalidError",
+    "TargetTableNotFoundError",
+    "job_failed_error",
+]
+
+# The job's errors a retry cannot fix: it raised them before writing anything, and would again.
+_REJECTIONS = frozenset({
+    "MergeSpecError", "MergeAnalysisError", "ExpectationFailedError", "UnsupportedTableFeatureError",
+    "MultipleSourceRowMatchesError",
+})  # fmt: skip
+
+
+class MergeProviderError(AirflowException):
+    """Root of every error the provider raises on purpose."""
+
+
+class MergeArgumentError(MergeProviderError, AirflowFailException):
+    """A rendered argument is invalid: raised before anything is launched, never retried."""
+
+
+class MergeSpecInvalidError(MergeArgumentError):
+    """The rendered merge spec is invalid (the message names the field, what was expected and found)."""
+
+
+class TargetTableNotFoundError(MergeProviderError, AirflowFailException):
+    """The target is not a Delta table (no ``_delta_log``): a retry would not change that."""
+
+
+class MergeJobFailedError(MergeProviderError):
+    """spark-submit failed and the merge did not commit; retried as Airflow's ``retries`` say.
+
+    :param error_type: the job's error class name from its last stderr line (``MergeExecutionError``,
+        ``ConcurrentModificationError``, ...), or None when the job did not report one.
+    """
+
+    def __init__(self, message: str, *, error_type: str | None = None) -> None:
+        super().__init__(message)
+        self.error_type = error_type
+
+
+class MergeJobRejectedError(MergeJobFailedError, AirflowFailException):
+    """The job refused the merge for a reason a retry cannot change (spec, schema, expectations...)."""
+
+
+class MergeMetricsNotFoundError(MergeProviderError):
+    """spark-submit succeeded but neither its output nor the Delta log gave the merge's metrics."""
+
+
+def job_failed_error(target: str, kind: str | None, message: str | None) -> MergeJobFailedError:
+    """The error for a failed job, classified by the error class name the job reported (if any)."""
+    if kind is None:
+        return MergeJobFailedError(
+            f"MERGE into {target} failed: spark-submit exited non-zero without the job's failure line (Spark "
+            "could not start, or the driver died). Its output is in the task log above."
+        )
+    error = MergeJobRejectedError if kind in _REJECTIONS else MergeJobFailedError
+    return error(f"MERGE into {target} failed: {kind}: {message}", error_type=kind)

@@ -1,0 +1,1 @@
+"""Hooks of the Delta Lake MERGE provider."""

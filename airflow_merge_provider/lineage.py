@@ -1,0 +1,45 @@
+"""OpenLineage for a merge: the source read, the target written with row and byte statistics."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from airflow_merge_provider.assets import table_asset_uri
+
+if TYPE_CHECKING:
+    from spark_jobs.delta_merge.spec import MergeSpec
+
+__all__ = ["dataset_name", "merge_lineage"]
+
+
+def dataset_name(uri: str) -> tuple[str, str]:
+    """OpenLineage (namespace, name): ``file`` and the path, or ``scheme://authority`` and the key."""
+    parts = urlsplit(table_asset_uri(uri))
+    if parts.scheme == "file":
+        return "file", parts.path
+    return f"{parts.scheme}://{parts.netloc}", parts.path.lstrip("/")
+
+
+def merge_lineage(spec: MergeSpec, metrics: Mapping[str, Any]) -> Any:
+    """An ``OperatorLineage``, or None when the openlineage provider is not installed."""
+    try:
+        from airflow.providers.common.compat.openlineage.facet import (
+            Dataset,
+            OutputDataset,
+            OutputStatisticsOutputDatasetFacet,
+        )
+        from airflow.providers.openlineage.extractors import (  # type: ignore[import-not-found,unused-ignore]
+            OperatorLineage,
+        )
+    except ImportError:
+        return None
+    stats = OutputStatisticsOutputDatasetFacet(
+        rowCount=int(metrics.get("numOutputRows", 0)), size=int(metrics.get("numTargetBytesAdded", 0))
+    )
+    # A query source names no dataset of its own.
+    inputs = [] if spec.source.uri is None else [Dataset(*dataset_name(spec.source.uri))]
+    namespace, name = dataset_name(spec.target.uri)
+    output = OutputDataset(namespace, name, outputFacets={"outputStatistics": stats})
+    return OperatorLineage(inputs=inputs, outputs=[output])

@@ -1,0 +1,1 @@
+"""Operators of the Delta Lake MERGE provider."""

@@ -1,0 +1,1 @@
+"""Sensors of the Delta Lake MERGE provider."""
