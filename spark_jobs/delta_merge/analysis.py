@@ -92,7 +92,9 @@ class _Resolver:
         self.target_df = spark.createDataFrame([], target_schema).alias(self.t)
         self.source_df = spark.createDataFrame([], source_schema).alias(self.s)
         self.joined_df = self.source_df.crossJoin(self.target_df)
-        self.final_schema = evolve_schema(parsed, target_schema, source_schema, enabled=options.schema_evolution)
+        self.final_schema = evolve_schema(
+            parsed, target_schema, source_schema, enabled=options.schema_evolution
+        )
 
     # -- resolution helpers -------------------------------------------------------------------------
     def _columns_of(self, df: DataFrame) -> str:
@@ -114,7 +116,9 @@ class _Resolver:
                     f"cannot resolve {match.group(1)} in {where} given columns {self._columns_of(df)}. "
                     "Check the column name and the alias it is qualified with."
                 ) from exc
-            raise MergeAnalysisError(f"Invalid expression in {where}: {sql}: {message.splitlines()[0]}") from exc
+            raise MergeAnalysisError(
+                f"Invalid expression in {where}: {sql}: {message.splitlines()[0]}"
+            ) from exc
 
     def side_sql(self, sql: str, clause: MergeClause, where: str) -> tuple[str, DataFrame]:
         """The expression qualified for the rows the clause sees, and the DataFrame to resolve it on."""
@@ -192,7 +196,7 @@ class _Resolver:
         outputs: list[Column] = []
         for field in self.final_schema.fields:
             source_field = find_field(self.source_schema, field.name)
-            if source_field is None or isinstance(source_field.dataType, NullType) and update:
+            if source_field is None or (isinstance(source_field.dataType, NullType) and update):
                 if self.options.schema_evolution or find_field(self.target_schema, field.name) is None:
                     value = self._target_value(field) if update else F.lit(None).cast(field.dataType)
                     outputs.append(value.alias(field.name))
@@ -220,11 +224,11 @@ class _Resolver:
             node[path[-1].lower()] = {"": assignment.value}
         outputs: list[Column] = []
         for field in self.final_schema.fields:
-            node = tree.get(field.name.lower())
-            if node is None:
+            assigned = tree.get(field.name.lower())
+            if assigned is None:
                 value = self._target_value(field) if update else F.lit(None).cast(field.dataType)
             else:
-                value = self._node_value(node, field, clause, where, (field.name,), update=update)
+                value = self._node_value(assigned, field, clause, where, (field.name,), update=update)
             outputs.append(value.alias(field.name))
         return tuple(outputs)
 
@@ -317,6 +321,10 @@ class _Resolver:
         return True
 
     def _target_only_predicates(self) -> tuple[str, ...]:
+        if self.parsed.clauses_of("not_matched_by_source"):
+            # A target row failing a target-only part of ON is "not matched by source", so NOT MATCHED BY
+            # SOURCE clauses may act on it: no file can be skipped (Delta skips none either).
+            return ()
         predicates = [p for p in split_conjuncts(self.parsed.condition) if self._is_target_only(p)]
         matched = self.parsed.clauses_of("matched")
         if self.parsed.is_matched_only and all(c.condition for c in matched):

@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError
@@ -177,12 +177,13 @@ def attempt_commit(
             schema_version = version
             if table.version() != version:  # add_columns advances the table object; be sure
                 table = deltalake.DeltaTable(plan.table_uri, version=version, storage_options=options)
+    # deltalake percent-encodes the paths it is given; add.path is already encoded, so decode once.
     actions: list[AddAction | RemoveAction] = [
-        RemoveAction(f.path, True, plan.deletion_timestamp, f.size, dict(f.partition_values))
+        RemoveAction(unquote(f.path), True, plan.deletion_timestamp, f.size, dict(f.partition_values))
         for f in plan.removes
     ]
     actions += [
-        AddAction(f.path, f.size, dict(f.partition_values), f.modification_time, True, f.stats_json)
+        AddAction(unquote(f.path), f.size, dict(f.partition_values), f.modification_time, True, f.stats_json)
         for f in plan.adds
     ]
     # lastUpdated lets Delta expire the txn after delta.setTransactionRetentionDuration.

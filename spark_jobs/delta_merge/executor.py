@@ -7,6 +7,7 @@ import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -15,8 +16,14 @@ from spark_jobs.delta_merge.analysis import MergePlan
 from spark_jobs.delta_merge.data_skipping import partition_count, prune_files
 from spark_jobs.delta_merge.files import LiveFile, WrittenFile
 from spark_jobs.delta_merge.metrics import MergeMetrics
+from spark_jobs.delta_merge.rewrite import (
+    ACTION_COLUMN,
+    DROPPED_ACTIONS,
+    Action,
+    classic_output,
+    insert_only_output,
+)
 from spark_jobs.delta_merge.row_counter import counted
-from spark_jobs.delta_merge.rewrite import ACTION_COLUMN, DROPPED_ACTIONS, Action, classic_output, insert_only_output
 from spark_jobs.delta_merge.snapshot import TargetSnapshot
 from spark_jobs.delta_merge.table_features import check_writable
 from spark_jobs.delta_merge.table_scan import file_key, scan_files
@@ -125,7 +132,8 @@ def execute_merge(
 ) -> MergeOutcome:
     """Compute the merge's new files and metrics; nothing is committed here."""
     candidates = prune_files(
-        spark, snapshot, snapshot.files, predicates=plan.target_only_predicates, target_alias=plan.target_alias
+        spark, snapshot, snapshot.files, predicates=plan.target_only_predicates,
+        target_alias=plan.target_alias,
     )
     if plan.parsed.is_insert_only:
         return _insert_only(spark, source, snapshot=snapshot, plan=plan, candidates=candidates,
@@ -145,7 +153,7 @@ def _insert_only(
     output = insert_only_output(source, target, plan=plan)
     counts, adds = _write(spark, output, snapshot=snapshot, plan=plan, target_file_size=target_file_size,
                           dry_run=dry_run, description="MERGE operation - writing new files for only inserts")
-    values = {
+    values: dict[str, Any] = {
         **_row_metrics(counts), **_file_metrics(snapshot, candidates, (), adds),
         "numSourceRows": source_rows(), "rewriteTimeMs": _elapsed_ms(started),
     }
@@ -182,10 +190,17 @@ def _classic(
     counts: dict[int, int] = {}
     adds: tuple[WrittenFile, ...] = ()
     if output is not None:
-        counts, adds = _write(spark, output, snapshot=snapshot, plan=plan, target_file_size=target_file_size,
-                              dry_run=dry_run, description=f"MERGE operation - Rewriting {len(removes)} files")
+        counts, adds = _write(
+            spark, output, snapshot=snapshot, plan=plan, target_file_size=target_file_size, dry_run=dry_run,
+            description=f"MERGE operation - Rewriting {len(removes)} files",
+        )
+    if touched.extra_matches:
+        # Only a single unconditional DELETE allows multiple matches: the rewrite joined each deleted target
+        # row once per matching source row. Count target rows, as Delta does (its delete-only compensation).
+        deleted = int(Action.DELETE_MATCHED)
+        counts = {**counts, deleted: counts.get(deleted, 0) - touched.extra_matches}
     second_scan = second_scan_rows() if output is not None else touched.num_source_rows
-    values = {
+    values: dict[str, Any] = {
         **_row_metrics(counts), **_file_metrics(snapshot, candidates, removes, adds),
         "numSourceRows": touched.num_source_rows, "numSourceRowsInSecondScan": second_scan,
         "scanTimeMs": scan_ms, "rewriteTimeMs": _elapsed_ms(started),

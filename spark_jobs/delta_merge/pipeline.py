@@ -35,11 +35,11 @@ def _session_confs(spark: SparkSession, confs: Mapping[str, str]) -> Iterator[No
     try:
         yield
     finally:
-        for key, value in previous.items():
-            if value is None:
+        for key, old in previous.items():
+            if old is None:
                 spark.conf.unset(key)
             else:
-                spark.conf.set(key, value)
+                spark.conf.set(key, old)
 
 
 def _merge_confs(spark: SparkSession, spec: MergeSpec) -> dict[str, str]:
@@ -65,14 +65,19 @@ def _operation_parameters(plan: MergePlan) -> dict[str, str]:
             if clause.condition is not None:
                 item = {"predicate": clause.condition, **item}
             items.append(item)
-        return json.dumps(items)
+        return _compact_json(items)
 
     return {
-        "predicate": json.dumps([plan.condition]),
+        "predicate": _compact_json([plan.condition]),
         "matchedPredicates": predicates("matched"),
         "notMatchedPredicates": predicates("not_matched"),
         "notMatchedBySourcePredicates": predicates("not_matched_by_source"),
     }
+
+
+def _compact_json(value: object) -> str:
+    # Delta (Jackson) writes these without spaces: '[{"actionType":"update"}]'.
+    return json.dumps(value, separators=(",", ":"))
 
 
 def _target_file_size(spec: MergeSpec, snapshot: TargetSnapshot) -> int:
@@ -95,7 +100,9 @@ def run_merge(spark: SparkSession, spec: MergeSpec | Mapping[str, Any]) -> Merge
     started = time.monotonic()
     with _session_confs(spark, _merge_confs(spark, spec)):
         snapshot = load_snapshot(spec.target.uri, storage_options=dict(spec.target.storage_options))
-        log.info("MERGE into %s at version %d (%d files)", spec.target.uri, snapshot.version, len(snapshot.files))
+        log.info(
+            "MERGE into %s at version %d (%d files)", spec.target.uri, snapshot.version, len(snapshot.files)
+        )
         source_read = read_source(spark, spec.source)
         plan = resolve_merge(
             spark, parsed, target_schema=snapshot.schema, source_schema=source_read.df.schema,
@@ -105,10 +112,13 @@ def run_merge(spark: SparkSession, spec: MergeSpec | Mapping[str, Any]) -> Merge
             source_read, columns=plan.source_columns, options=spec.options, insert_only=parsed.is_insert_only
         )
         log.info("source prepared: materialized=%s (%s)", source.materialized, source.reason)
-        outcome = execute_merge(
-            spark, source.df, snapshot=snapshot, plan=plan,
-            target_file_size=_target_file_size(spec, snapshot), dry_run=spec.options.dry_run,
-        )
+        try:
+            outcome = execute_merge(
+                spark, source.df, snapshot=snapshot, plan=plan,
+                target_file_size=_target_file_size(spec, snapshot), dry_run=spec.options.dry_run,
+            )
+        finally:
+            source.release()
         metrics = outcome.metrics.with_values(
             materializeSourceReason=source.reason,
             materializeSourceTimeMs=source.materialize_time_ms,

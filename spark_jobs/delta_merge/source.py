@@ -38,6 +38,13 @@ class PreparedSource:
     reason: str
     materialize_time_ms: int
 
+    def release(self) -> None:
+        """Drop the materialized blocks once the merge has read them (Delta unpersists them too)."""
+        if self.materialized:
+            # localCheckpoint persists an RDD under a LogicalRDD, which DataFrame.unpersist() does not reach;
+            # left alone, every merge would keep its source in a long-lived session's block manager.
+            self.df._jdf.queryExecution().logical().rdd().unpersist(False)
+
 
 def read_source(spark: SparkSession, source: SourceSpec) -> SourceRead:
     """Read the source lazily; a missing path or a bad query fails here, before any target file is read."""
@@ -55,14 +62,19 @@ def read_source(spark: SparkSession, source: SourceSpec) -> SourceRead:
         from spark_jobs.delta_merge.snapshot import load_snapshot
         from spark_jobs.delta_merge.table_scan import scan_files
 
-        snapshot = load_snapshot(source.uri, storage_options=dict(source.options), version=source.version)
+        try:
+            snapshot = load_snapshot(source.uri, storage_options=dict(source.options), version=source.version)
+        except MergeAnalysisError as exc:
+            # load_snapshot words its messages for the target; say which table failed.
+            raise MergeAnalysisError(f"Cannot read the Delta source (source.uri): {exc}") from exc
         return SourceRead(scan_files(spark, snapshot, snapshot.files), pinned_delta=True)
     if fmt not in _FILE_FORMATS:
         raise MergeAnalysisError(
             f"source.format: expected one of delta, {', '.join(_FILE_FORMATS)}; found {source.format!r}."
         )
     try:
-        return SourceRead(spark.read.format(fmt).options(**source.options).load(source.uri), pinned_delta=False)
+        df = spark.read.format(fmt).options(**source.options).load(source.uri)
+        return SourceRead(df, pinned_delta=False)
     except AnalysisException as exc:
         raise MergeAnalysisError(
             f"Cannot read the source {source.uri} as {fmt}: {str(exc).splitlines()[0]}. Check that the path "
@@ -75,7 +87,10 @@ def _is_deterministic(df: DataFrame) -> bool:
 
 
 def materialize_reason(source: SourceRead, *, mode: str, insert_only: bool) -> tuple[bool, str]:
-    """Whether to materialize and Delta's name for why (MergeIntoMaterializeSource.shouldMaterializeSource)."""
+    """Whether to materialize and Delta's name for why.
+
+    The rules of MergeIntoMaterializeSource.shouldMaterializeSource.
+    """
     if mode == "all":
         return True, "MATERIALIZE_ALL"
     if mode == "none":

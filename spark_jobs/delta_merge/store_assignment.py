@@ -33,6 +33,7 @@ Policy = Literal["ANSI", "LEGACY", "STRICT"]
 
 _DATETIME = (DateType, TimestampType, TimestampNTZType)
 _INTEGRAL_ORDER = (ByteType, ShortType, IntegerType, LongType)
+_NUMERIC = (*_INTEGRAL_ORDER, FloatType, DoubleType, DecimalType)
 
 
 def find_field(struct: StructType, name: str) -> StructField | None:
@@ -48,7 +49,8 @@ def _same_type(a: DataType, b: DataType) -> bool:
     # Nullability and field metadata do not matter for assignment.
     if isinstance(a, StructType) and isinstance(b, StructType):
         return len(a.fields) == len(b.fields) and all(
-            x.name == y.name and _same_type(x.dataType, y.dataType) for x, y in zip(a.fields, b.fields)
+            x.name == y.name and _same_type(x.dataType, y.dataType)
+            for x, y in zip(a.fields, b.fields, strict=True)
         )
     if isinstance(a, ArrayType) and isinstance(b, ArrayType):
         return _same_type(a.elementType, b.elementType)
@@ -58,18 +60,16 @@ def _same_type(a: DataType, b: DataType) -> bool:
 
 
 def _can_up_cast(src: DataType, dst: DataType) -> bool:
-    if isinstance(src, tuple(_INTEGRAL_ORDER)) and isinstance(dst, tuple(_INTEGRAL_ORDER)):
-        order = [type(t) for t in (ByteType(), ShortType(), IntegerType(), LongType())]
+    if isinstance(src, _INTEGRAL_ORDER) and isinstance(dst, _INTEGRAL_ORDER):
+        order: list[type[DataType]] = list(_INTEGRAL_ORDER)
         return order.index(type(src)) <= order.index(type(dst))
-    if isinstance(src, (ByteType, ShortType, IntegerType, LongType, FloatType)) and isinstance(dst, DoubleType):
+    if isinstance(src, (*_INTEGRAL_ORDER, FloatType)) and isinstance(dst, DoubleType):
         return True
     if isinstance(src, (ByteType, ShortType, IntegerType)) and isinstance(dst, FloatType):
         return True
     if isinstance(src, DecimalType) and isinstance(dst, DecimalType):
         return dst.precision - dst.scale >= src.precision - src.scale and dst.scale >= src.scale
-    if isinstance(src, DateType) and isinstance(dst, (TimestampType, TimestampNTZType)):
-        return True
-    return False
+    return isinstance(src, DateType) and isinstance(dst, (TimestampType, TimestampNTZType))
 
 
 def _atomic_allowed(src: DataType, dst: DataType, policy: Policy) -> bool:
@@ -134,7 +134,22 @@ def store_assign(
         raise _cannot_cast(column, src, dst)
     if not _atomic_allowed(src, dst, policy):
         raise _cannot_cast(column, src, dst)
+    narrowing = isinstance(src, _NUMERIC) and isinstance(dst, _NUMERIC) and not _can_up_cast(src, dst)
+    if policy == "ANSI" and narrowing:
+        return _overflow_checked(value, src, dst, column)
     return value.cast(dst)
+
+
+def _overflow_checked(value: Column, src: DataType, dst: DataType, column: str) -> Column:
+    # Delta wraps narrowing ANSI casts in CheckOverflowInTableWrite, so the error names the column
+    # (DELTA_CAST_OVERFLOW_IN_TABLE_WRITE) rather than only the value, as Spark's CAST_OVERFLOW does.
+    cast = value.try_cast(dst)
+    message = (
+        f'Failed to write a value of "{_type_sql(src)}" type into the "{_type_sql(dst)}" type column '
+        f"`{column}` due to an overflow. Use `try_cast` on the input value to tolerate overflow and return "
+        'NULL instead. If necessary, set options.store_assignment_policy to "LEGACY" to bypass this error.'
+    )
+    return F.when(value.isNotNull() & cast.isNull(), F.raise_error(F.lit(message)).cast(dst)).otherwise(cast)
 
 
 def _cannot_cast(column: str, src: DataType, dst: DataType) -> MergeAnalysisError:
@@ -186,7 +201,7 @@ def _assign_struct(
                 f"Cannot assign `{column}` by position: the source struct {_type_sql(src)} has "
                 f"{len(src.fields)} fields, the target struct {_type_sql(dst)} has {len(dst.fields)}."
             )
-        for source_field, target_field in zip(src.fields, dst.fields):
+        for source_field, target_field in zip(src.fields, dst.fields, strict=True):
             fields.append(
                 store_assign(
                     value.getField(source_field.name), source_field.dataType, target_field.dataType,

@@ -28,11 +28,16 @@ MULTIPLE_MATCHES_MESSAGE = (
 
 @dataclass(frozen=True)
 class TouchedFiles:
-    """What the scan found: touched file keys, matched target rows, and the source row count."""
+    """What the scan found: touched file keys, matched target rows, and the source row count.
+
+    :param extra_matches: joined (source, target) pairs beyond one per matched target row; non-zero
+        only when multiple matches are allowed (a single unconditional DELETE).
+    """
 
     file_keys: frozenset[str]
     matched_target_rows: int
     num_source_rows: int
+    extra_matches: int = 0
 
 
 def _matched_predicate(plan: MergePlan) -> str:
@@ -68,7 +73,8 @@ def find_touched_files(
         F.count(F.lit(1)).alias("matches"), F.max(acts).alias("acts")
     )
     per_file = per_row.groupBy(FILE_KEY_COLUMN).agg(
-        F.max("matches").alias("max_matches"), F.count(F.lit(1)).alias("rows"), F.max("acts").alias("acts")
+        F.max("matches").alias("max_matches"), F.count(F.lit(1)).alias("rows"), F.max("acts").alias("acts"),
+        F.sum(F.col("matches") - 1).alias("extra_matches"),
     )
     found = per_file.collect()
     num_source_rows = source_rows()
@@ -81,4 +87,5 @@ def find_touched_files(
         file_keys=keys,
         matched_target_rows=sum(int(r["rows"]) for r in found),
         num_source_rows=num_source_rows,
+        extra_matches=sum(int(r["extra_matches"]) for r in found),
     )

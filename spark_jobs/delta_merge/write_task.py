@@ -1,0 +1,320 @@
+"""Executor side of the write stage: Spark's Arrow batches -> Parquet files with Delta statistics."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+from pyspark.sql.types import DataType
+
+from spark_jobs.delta_merge.errors import MergeExecutionError
+from spark_jobs.delta_merge.file_stats import FileStatsCollector, StatsLeaf
+from spark_jobs.delta_merge.partition_values import (
+    encode_add_path,
+    partition_directory,
+    serialize_partition_value,
+)
+
+__all__ = ["COMPRESSION", "RESULT_SCHEMA", "WriteTaskPlan", "write_task"]
+
+COMPRESSION = "zstd"
+_MAX_ROW_GROUP_BYTES = 64 << 20  # Arrow (uncompressed) bytes per row group, at most
+_MIN_ROW_GROUP_BYTES = 16 << 10
+_TASK_BUFFER_BYTES = 256 << 20  # all partitions' buffered rows in one task, at most
+_RESULT_ARROW_SCHEMA = pa.schema([
+    ("kind", pa.string()), ("path", pa.string()), ("size", pa.int64()), ("num_records", pa.int64()),
+    ("modification_time", pa.int64()), ("partition_values", pa.string()), ("stats", pa.string()),
+    ("code", pa.int64()), ("count", pa.int64()),
+])
+# One row per written file (kind "file") and one per action code a task saw (kind "count").
+RESULT_SCHEMA = ", ".join(f"{f.name} {'string' if f.type == pa.string() else 'long'}"
+                          for f in _RESULT_ARROW_SCHEMA)
+_ROW_INDEX = "__delta_merge_row"
+
+
+@dataclass(frozen=True)
+class WriteTaskPlan:
+    """Everything a write task needs; pickled into the closure of every task.
+
+    :param root: absolute local path or URI of the table root.
+    :param input_schema: Arrow schema of the table columns in the batches (after the action code).
+    :param data_schema: the files' schema: ``input_schema`` without partition columns.
+    """
+
+    root: str
+    input_schema: pa.Schema
+    data_schema: pa.Schema
+    partition_columns: tuple[str, ...]
+    partition_types: tuple[DataType, ...]
+    leaves: tuple[StatsLeaf, ...]
+    drop_codes: tuple[int, ...]
+    target_file_size: int
+    compression: str = COMPRESSION
+
+
+def write_task(plan: WriteTaskPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """Runs on executors: count, drop, split by partition, write; then report files and counts."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    writer = _TaskWriter(plan, context.partitionId() if context is not None else 0)
+    counts: Counter[int] = Counter()
+    width = len(plan.input_schema)
+    try:
+        for batch in batches:
+            codes = batch.column(width)
+            if codes.null_count:
+                raise MergeExecutionError(f"{codes.null_count} merge output rows carry no action code")
+            for entry in pc.value_counts(codes).to_pylist():
+                counts[int(entry["values"])] += int(entry["counts"])
+            data = batch.select(list(range(width)))
+            if plan.drop_codes:
+                dropped = pc.is_in(codes, value_set=pa.array(plan.drop_codes, codes.type))
+                data = data.filter(pc.invert(dropped))
+            if data.num_rows:
+                writer.write(_conform(data, plan.input_schema))
+        rows = writer.close()
+    except BaseException:
+        writer.abort()
+        raise
+    rows += [{"kind": "count", "code": code, "count": n} for code, n in sorted(counts.items())]
+    yield pa.RecordBatch.from_pylist(rows, schema=_RESULT_ARROW_SCHEMA)
+
+
+def _conform(data: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    """``data`` with exactly ``schema``'s types: UTC timestamps (Spark hands the session time zone),
+    plain strings, the table's nullability and field names. NULL in a NOT NULL field is an error."""
+    columns = []
+    for column, target in zip(data.columns, schema, strict=True):
+        if not target.nullable and column.null_count:
+            raise MergeExecutionError(
+                f"column {target.name!r} is NOT NULL but the merge produced NULL in {column.null_count} rows"
+            )
+        columns.append(_conform_array(column, target.type, None))
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
+def _conform_array(array: pa.Array, target: pa.DataType, live: pa.Array | None) -> pa.Array:
+    """``array`` as ``target``; ``live`` marks the rows whose ancestors are all non-NULL (None: all).
+
+    Not Array.cast for nested types: it (and the Parquet writer) refuses a NOT NULL field whose
+    child array holds nulls under NULL parents, which is how Spark's Arrow batches look. Those
+    nulls are dropped from the child's validity (the parent hides them); any other is an error.
+    """
+    if pa.types.is_struct(target):
+        valid = pc.is_valid(array) if live is None else pc.and_(live, pc.is_valid(array))
+        children = []
+        for i, child_field in enumerate(target):
+            child = array.field(i)
+            if not child_field.nullable and child.null_count:
+                if pc.any(pc.and_(pc.is_null(child), valid)).as_py():
+                    raise MergeExecutionError(
+                        f"field {child_field.name!r} is NOT NULL but the merge produced NULL in it")
+                child = _without_nulls(child)
+            children.append(_conform_array(child, child_field.type, valid))
+        mask = pc.is_null(array) if array.null_count else None
+        return pa.StructArray.from_arrays(children, fields=list(target), mask=mask)
+    if array.type == target and not _has_struct(target):
+        return array
+    if pa.types.is_map(target) or pa.types.is_list(target):
+        array = pa.concat_arrays([array]) if array.offset else array  # from_arrays wants unsliced offsets
+        mask = pc.is_null(array) if array.null_count else None
+        if pa.types.is_map(target):
+            keys = _conform_array(array.keys, target.key_type, None)
+            items = _conform_array(array.items, target.item_type, None)
+            return pa.MapArray.from_arrays(array.offsets, keys, items, type=target, mask=mask)
+        values = _conform_array(array.values, target.value_type, None)
+        return pa.ListArray.from_arrays(array.offsets, values, type=target, mask=mask)
+    return array.cast(target)
+
+
+def _without_nulls(array: pa.Array) -> pa.Array:
+    """``array`` with every slot valid (the values under its nulls are whatever Spark left there)."""
+    if pa.types.is_struct(array.type):
+        return pa.StructArray.from_arrays([array.field(i) for i in range(array.type.num_fields)],
+                                          fields=list(array.type))
+    if pa.types.is_map(array.type) or pa.types.is_list(array.type):
+        array = pa.concat_arrays([array]) if array.offset else array
+        if pa.types.is_map(array.type):
+            return pa.MapArray.from_arrays(array.offsets, array.keys, array.items, type=array.type)
+        return pa.ListArray.from_arrays(array.offsets, array.values, type=array.type)
+    return pa.Array.from_buffers(array.type, len(array), [None, *array.buffers()[1:]], 0, array.offset)
+
+
+def _has_struct(arrow_type: pa.DataType) -> bool:
+    if pa.types.is_struct(arrow_type):
+        return True
+    if pa.types.is_map(arrow_type):
+        return _has_struct(arrow_type.key_type) or _has_struct(arrow_type.item_type)
+    return pa.types.is_list(arrow_type) and _has_struct(arrow_type.value_type)
+
+
+class _TaskWriter:
+    """The files one task has open, one per partition value, rolled over at the target size."""
+
+    def __init__(self, plan: WriteTaskPlan, task_id: int) -> None:
+        self._plan = plan
+        self._task_id = task_id
+        if "://" in plan.root or plan.root.startswith("file:"):
+            self._fs, self._base = pafs.FileSystem.from_uri(plan.root)
+        else:
+            self._fs, self._base = pafs.LocalFileSystem(), plan.root
+        self._row_group_bytes = min(_MAX_ROW_GROUP_BYTES, max(_MIN_ROW_GROUP_BYTES, plan.target_file_size))
+        self._open: dict[tuple[str | None, ...], _OpenFile] = {}
+        self._buffered = 0
+        self._created: list[str] = []
+        self._directories: set[str] = set()
+        self._results: list[dict[str, Any]] = []
+        self._statistics = _footer_statistics_columns(plan.data_schema)
+
+    def write(self, data: pa.RecordBatch) -> None:
+        for values, part in _split_by_partition(data, self._plan):
+            key = tuple(values.values())
+            target = self._open.get(key)
+            if target is None:
+                directory = partition_directory(self._plan.partition_columns, values)
+                target = self._open[key] = _OpenFile(values, directory)
+            rows = part.select(self._plan.data_schema.names)
+            size = rows.nbytes
+            target.buffers.append(rows)
+            target.buffered += size
+            self._buffered += size
+            if target.buffered >= self._row_group_bytes:
+                self._flush(target)
+        while self._buffered > _TASK_BUFFER_BYTES:
+            largest = max(self._open.values(), key=lambda f: f.buffered)
+            if not largest.buffered:
+                break
+            self._flush(largest)
+
+    def close(self) -> list[dict[str, Any]]:
+        for target in self._open.values():
+            self._flush(target)
+            if target.writer is not None:
+                self._finish(target)
+        return self._results
+
+    def abort(self) -> None:
+        """Best effort: close and delete this attempt's files so a failed task leaves less behind."""
+        for target in self._open.values():
+            for closable in (target.writer, target.stream):
+                with contextlib.suppress(Exception):  # cleanup must not mask the task's error
+                    if closable is not None:
+                        closable.close()
+        for path in self._created:
+            with contextlib.suppress(Exception):
+                self._fs.delete_file(path)
+
+    def _flush(self, target: _OpenFile) -> None:
+        if not target.buffers:
+            return
+        table = pa.Table.from_batches(target.buffers, schema=self._plan.data_schema)
+        self._buffered -= target.buffered
+        target.buffers, target.buffered = [], 0
+        step = max(1, int(table.num_rows * self._row_group_bytes / max(table.nbytes, 1)))
+        for offset in range(0, table.num_rows, step):
+            piece = table.slice(offset, step)
+            if target.writer is None:
+                self._start(target)
+            writer, stream, stats = _opened(target)
+            writer.write_table(piece, row_group_size=piece.num_rows)
+            stats.update(piece)
+            if stream.tell() >= self._plan.target_file_size:
+                self._finish(target)
+
+    def _start(self, target: _OpenFile) -> None:
+        name = f"part-{self._task_id:05d}-{uuid.uuid4()}-c000.{self._plan.compression}.parquet"
+        target.relative_path = f"{target.directory}/{name}" if target.directory else name
+        full_path = f"{self._base}/{target.relative_path}"
+        directory = full_path.rsplit("/", 1)[0]
+        if self._fs.type_name == "local" and directory not in self._directories:
+            self._fs.create_dir(directory, recursive=True)  # object stores need no directories
+            self._directories.add(directory)
+        self._created.append(full_path)
+        # compression=None: the default "detect" would look at the file name's extension.
+        target.stream = self._fs.open_output_stream(full_path, compression=None)
+        target.writer = pq.ParquetWriter(
+            target.stream, self._plan.data_schema, compression=self._plan.compression,
+            coerce_timestamps="us", allow_truncated_timestamps=False, write_statistics=self._statistics,
+        )
+        target.stats = FileStatsCollector(self._plan.leaves)
+
+    def _finish(self, target: _OpenFile) -> None:
+        writer, stream, stats = _opened(target)
+        writer.close()  # writes the footer; the stream stays open, so tell() is the file size
+        size = stream.tell()
+        stream.close()
+        # Size and time from the stream, not a stat: on object stores that is a request per file.
+        self._results.append({
+            "kind": "file", "path": encode_add_path(target.relative_path), "size": size,
+            "num_records": stats.num_records, "modification_time": int(time.time() * 1000),
+            "partition_values": json.dumps(target.values), "stats": stats.to_json(),
+        })
+        target.writer = target.stream = target.stats = None
+
+
+@dataclass
+class _OpenFile:
+    values: dict[str, str | None]
+    directory: str
+    buffers: list[pa.RecordBatch] = field(default_factory=list)
+    buffered: int = 0
+    relative_path: str = ""
+    writer: pq.ParquetWriter | None = None
+    stream: pa.NativeFile | None = None
+    stats: FileStatsCollector | None = None
+
+
+def _footer_statistics_columns(schema: pa.Schema) -> list[str]:
+    """Parquet leaf columns that get footer min/max: all but FLOAT/DOUBLE.
+
+    Parquet writers leave NaN out of float min/max, while readers such as DataFusion (delta-rs)
+    order NaN above every number: a row group of NaNs and 0.5 would be skipped for ``f > 0.9``.
+    """
+    sink = pa.BufferOutputStream()
+    pq.write_table(schema.empty_table(), sink)
+    parquet_schema = pq.ParquetFile(pa.BufferReader(sink.getvalue())).schema
+    leaves = (parquet_schema.column(i) for i in range(len(parquet_schema)))
+    return [c.path for c in leaves if c.physical_type not in ("FLOAT", "DOUBLE")]
+
+
+def _opened(target: _OpenFile) -> tuple[pq.ParquetWriter, pa.NativeFile, FileStatsCollector]:
+    if target.writer is None or target.stream is None or target.stats is None:
+        raise RuntimeError("internal: the file is not open")
+    return target.writer, target.stream, target.stats
+
+
+def _split_by_partition(
+    data: pa.RecordBatch, plan: WriteTaskPlan,
+) -> Iterator[tuple[dict[str, str | None], pa.RecordBatch]]:
+    """(serialized partition values, rows) groups of ``data``: one hash pass, no per-row Python."""
+    columns = plan.partition_columns
+    if not columns:
+        yield {}, data
+        return
+    keys = pa.Table.from_batches([data.select(list(columns))])
+    keys = keys.append_column(_ROW_INDEX, pa.array(np.arange(data.num_rows, dtype=np.int64)))
+    groups = keys.group_by(list(columns), use_threads=False).aggregate([(_ROW_INDEX, "list")])
+    texts = [[serialize_partition_value(v, t) for v in groups.column(c).to_pylist()]
+             for c, t in zip(columns, plan.partition_types, strict=True)]
+    if groups.num_rows == 1:
+        yield dict(zip(columns, (t[0] for t in texts), strict=True)), data
+        return
+    rows = groups.column(f"{_ROW_INDEX}_list").combine_chunks()
+    offsets = rows.offsets.to_pylist()
+    for i in range(groups.num_rows):
+        values = dict(zip(columns, (t[i] for t in texts), strict=True))
+        # A take per group, not slices of one sorted copy: a buffered slice would keep its whole
+        # batch alive, and the task's buffer limit would count only the slice.
+        yield values, data.take(rows.values.slice(offsets[i], offsets[i + 1] - offsets[i]))
