@@ -42,6 +42,7 @@ class MergeOutcome:
     metrics: MergeMetrics
     removes: tuple[LiveFile, ...]
     adds: tuple[WrittenFile, ...]
+    read: tuple[LiveFile, ...] = ()
 
 
 @contextmanager
@@ -157,7 +158,7 @@ def _insert_only(
         **_row_metrics(counts), **_file_metrics(snapshot, candidates, (), adds),
         "numSourceRows": source_rows(), "rewriteTimeMs": _elapsed_ms(started),
     }
-    return MergeOutcome(MergeMetrics(**values), (), adds)
+    return MergeOutcome(MergeMetrics(**values), (), adds, tuple(candidates))
 
 
 def _classic(
@@ -205,4 +206,4 @@ def _classic(
         "numSourceRows": touched.num_source_rows, "numSourceRowsInSecondScan": second_scan,
         "scanTimeMs": scan_ms, "rewriteTimeMs": _elapsed_ms(started),
     }
-    return MergeOutcome(MergeMetrics(**values), removes, adds)
+    return MergeOutcome(MergeMetrics(**values), removes, adds, tuple(candidates))

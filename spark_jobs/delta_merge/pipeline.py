@@ -5,19 +5,25 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 from pyspark.sql import SparkSession
 
 from spark_jobs.delta_merge.analysis import MergePlan, resolve_merge
-from spark_jobs.delta_merge.commit import commit_merge
-from spark_jobs.delta_merge.executor import execute_merge
+from spark_jobs.delta_merge.commit import plan_commit
+from spark_jobs.delta_merge.conflicts import ReadSet
+from spark_jobs.delta_merge.data_skipping import prune_files
+from spark_jobs.delta_merge.executor import MergeOutcome, execute_merge
+from spark_jobs.delta_merge.expectations import check_expectations
+from spark_jobs.delta_merge.files import LiveFile
+from spark_jobs.delta_merge.idempotency import applied_metrics, metrics_of_commit
 from spark_jobs.delta_merge.metrics import MergeMetrics
 from spark_jobs.delta_merge.snapshot import TargetSnapshot, load_snapshot
 from spark_jobs.delta_merge.source import materialize_source, read_source
 from spark_jobs.delta_merge.spec import MergeSpec
+from spark_jobs.delta_merge.transaction import commit_serializably
 
 __all__ = ["run_merge"]
 
@@ -98,6 +104,11 @@ def run_merge(spark: SparkSession, spec: MergeSpec | Mapping[str, Any]) -> Merge
         spec = MergeSpec.from_dict(spec)
     parsed = spec.validate()
     started = time.monotonic()
+    applied = applied_metrics(spec)
+    if applied is not None:
+        log.info("MERGE skipped: app transaction %s v%s is already in the log (version %d)",
+                 spec.run.app_id, spec.run.app_version, applied.tableVersion)
+        return applied
     with _session_confs(spark, _merge_confs(spark, spec)):
         snapshot = load_snapshot(spec.target.uri, storage_options=dict(spec.target.storage_options))
         log.info(
@@ -125,21 +136,52 @@ def run_merge(spark: SparkSession, spec: MergeSpec | Mapping[str, Any]) -> Merge
             readVersion=snapshot.version,
             executionTimeMs=int((time.monotonic() - started) * 1000),
         )
+        check_expectations(metrics.to_dict(), spec.expected_metrics)
         if spec.options.dry_run:
             return metrics.with_values(dryRun=True, tableVersion=snapshot.version)
-        version = commit_merge(
-            snapshot,
-            removes=outcome.removes,
-            adds=outcome.adds,
-            new_schema=plan.final_schema if plan.schema_changed else None,
-            operation_parameters=_operation_parameters(plan),
-            operation_metrics={k: int(v) for k, v in metrics.operation_metrics().items()},
-            app_transaction=_app_transaction(spec),
-            commit_metadata=dict(spec.run.commit_metadata),
-            storage_options=dict(spec.target.storage_options),
-        )
-        log.info("MERGE committed version %d", version)
-        return metrics.with_values(tableVersion=version)
+        return _commit(spark, spec, snapshot, plan, outcome, metrics)
+
+
+def _commit(
+    spark: SparkSession, spec: MergeSpec, snapshot: TargetSnapshot, plan: MergePlan, outcome: MergeOutcome,
+    metrics: MergeMetrics,
+) -> MergeMetrics:
+    """Commit under Delta's conflict rules; a concurrent commit of the same app transaction wins."""
+    commit_plan = plan_commit(
+        snapshot,
+        removes=outcome.removes,
+        adds=outcome.adds,
+        new_schema=plan.final_schema if plan.schema_changed else None,
+        operation_parameters=_operation_parameters(plan),
+        operation_metrics={k: int(v) for k, v in metrics.operation_metrics().items()},
+        app_transaction=_app_transaction(spec),
+        commit_metadata={
+            "materializeSourceReason": metrics.materializeSourceReason, **spec.run.commit_metadata
+        },
+    )
+    read = ReadSet(
+        # Without target-only predicates (or with NOT MATCHED BY SOURCE) the merge read every file.
+        whole_table=not plan.target_only_predicates,
+        read_paths=frozenset(f.path for f in outcome.read),
+        removed_paths=frozenset(f.path for f in outcome.removes),
+        app_id=spec.run.app_id,
+        app_version=spec.run.app_version,
+        token=commit_plan.token,
+        serializable=snapshot.configuration.get("delta.isolationLevel") == "Serializable",
+    )
+
+    def matches_read(files: Sequence[LiveFile]) -> bool:
+        return bool(prune_files(spark, snapshot, files, predicates=plan.target_only_predicates,
+                                target_alias=plan.target_alias))
+
+    landed = commit_serializably(
+        commit_plan, read, matches_read=matches_read, storage_options=dict(spec.target.storage_options)
+    )
+    if landed.already_applied:
+        log.info("MERGE not applied again: version %d already applied this app transaction", landed.version)
+        return metrics_of_commit(landed.version, landed.commit_info)
+    log.info("MERGE committed version %d", landed.version)
+    return metrics.with_values(tableVersion=landed.version)
 
 
 def _app_transaction(spec: MergeSpec) -> tuple[str, int] | None:
