@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -45,10 +46,13 @@ EXPECTED_METRICS = {
     "numTargetFilesRemoved": 2,
 }
 
+EXAMPLE_DAG_ID = "merge_upsert_daily"
+EXAMPLE_TASK_ID = "upsert_accounts"
+LOGICAL_DATE = "2024-06-01"
+
 Metrics = Mapping[str, Any]
-# Runs the merge described by a spec file and returns its metrics. Another runner (the example DAG under
-# `airflow dags test`) can take the place of spark-submit without touching the rest.
-Runner = Callable[[Path], Metrics]
+# Runs the demo's merge and returns its metrics: through the example DAG (the default) or spark-submit.
+Runner = Callable[["Demo"], Metrics]
 
 
 class ExampleError(Exception):
@@ -63,6 +67,7 @@ class Demo:
     source_uri: str
     spec_path: Path
     target_version: int
+    data_dir: Path
 
 
 def _accounts_schema() -> pa.Schema:
@@ -92,8 +97,10 @@ def prepare_demo(root: Path) -> Demo:
     """Write a fresh target table (accounts in 4 files), a Parquet source of changes, and the merge spec."""
     if root.exists():
         shutil.rmtree(root)
-    target = root / "accounts"
-    source = root / "account_updates"
+    # The layout the example DAG reads: <data dir>/accounts and <data dir>/landing/accounts/<ds>/.
+    data_dir = root / "tables"
+    target = data_dir / "accounts"
+    source = data_dir / "landing" / "accounts" / LOGICAL_DATE
     source.mkdir(parents=True)
 
     created = datetime(2024, 1, 1, tzinfo=timezone.utc)
@@ -120,7 +127,10 @@ def prepare_demo(root: Path) -> Demo:
     spec_path = root / "merge_spec.json"
     spec_path.write_text(json.dumps(spec, indent=2) + "\n", encoding="utf-8")
     version = deltalake.DeltaTable(str(target)).version()
-    return Demo(target_uri=str(target), source_uri=str(source), spec_path=spec_path, target_version=version)
+    return Demo(
+        target_uri=str(target), source_uri=str(source), spec_path=spec_path, target_version=version,
+        data_dir=data_dir,
+    )
 
 
 def parse_metrics_line(line: str) -> Metrics | None:
@@ -133,8 +143,76 @@ def parse_metrics_line(line: str) -> Metrics | None:
     return metrics
 
 
-def run_with_spark_submit(spec_path: Path) -> Metrics:
+def _stream(argv: list[str], env: Mapping[str, str], *, prefix: str = "  | ") -> tuple[int, Metrics | None]:
+    """Run a command, echo its output as it comes, and catch the job's metrics line if it prints one."""
+    print("$", " ".join(argv), flush=True)
+    metrics: Metrics | None = None
+    with subprocess.Popen(
+        argv, cwd=REPO_ROOT, env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    ) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            print(f"{prefix}{line}", end="", flush=True)
+            marker_at = line.find(METRICS_MARKER)
+            if marker_at >= 0:
+                # In a task log the line may carry more after the JSON; the DAG runner reads XCom anyway.
+                with contextlib.suppress(ValueError, ExampleError):
+                    metrics = parse_metrics_line(line[marker_at:].rstrip("\n"))
+        return proc.wait(), metrics
+
+
+def _airflow_env(demo: Demo) -> dict[str, str]:
+    home = demo.data_dir.parent / "airflow"
+    home.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    env.update({
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(REPO_ROOT / "dags_examples"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
+        # The embedded default: local Spark, Airflow on SQLite (in AIRFLOW_HOME), tables on local disk.
+        "AIRFLOW_CONN_SPARK_LOCAL": json.dumps({"conn_type": "spark", "host": "local[2]"}),
+        "MERGE_EXAMPLES_SPARK_CONN_ID": "spark_local",
+        "MERGE_EXAMPLES_DATA_DIR": str(demo.data_dir),
+        "PYSPARK_PYTHON": sys.executable,
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+    })
+    return env
+
+
+_READ_XCOM = f"""
+import json
+from airflow.models.xcom import XComModel
+from airflow.utils.session import create_session
+with create_session() as session:
+    rows = session.query(XComModel).filter_by(
+        dag_id={EXAMPLE_DAG_ID!r}, task_id={EXAMPLE_TASK_ID!r}, key="return_value").all()
+    print(json.dumps(rows[-1].value if rows else None))
+"""
+
+
+def run_with_airflow_dag(demo: Demo) -> Metrics:
+    """Run the example DAG's merge task with ``airflow dags test`` and read its metrics from XCom."""
+    airflow = str(Path(sys.executable).parent / "airflow")
+    env = _airflow_env(demo)
+    print("setting up Airflow's metadata database (SQLite) ...", flush=True)
+    migrated = subprocess.run([airflow, "db", "migrate"], env=env, capture_output=True, text=True)
+    if migrated.returncode != 0:
+        raise ExampleError(f"airflow db migrate failed:\n{migrated.stdout}{migrated.stderr}")
+    code, _ = _stream([airflow, "dags", "test", EXAMPLE_DAG_ID, LOGICAL_DATE], env)
+    if code != 0:
+        raise ExampleError(f"airflow dags test exited with code {code} (its output is above)")
+    read = subprocess.run([sys.executable, "-c", _READ_XCOM], env=env, capture_output=True, text=True)
+    value = json.loads(read.stdout.strip().splitlines()[-1]) if read.returncode == 0 and read.stdout else None
+    if not isinstance(value, dict):
+        raise ExampleError(f"no XCom return_value from {EXAMPLE_DAG_ID}.{EXAMPLE_TASK_ID}: {read.stderr}")
+    print(f"\nXCom return_value of {EXAMPLE_DAG_ID}.{EXAMPLE_TASK_ID}:")
+    return value
+
+
+def run_with_spark_submit(demo: Demo) -> Metrics:
     """Run the packaged merge job with spark-submit on a local master, streaming its output."""
+    spec_path = demo.spec_path
     if not JOB_ENTRY_POINT.is_file():
         raise ExampleError(
             f"the merge job's entry point {JOB_ENTRY_POINT.relative_to(REPO_ROOT)} does not exist yet: "
@@ -159,19 +237,7 @@ def run_with_spark_submit(spec_path: Path) -> Metrics:
     env = dict(os.environ)
     env.setdefault("PYSPARK_PYTHON", sys.executable)
     env.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    print("$", " ".join(argv), flush=True)
-
-    metrics: Metrics | None = None
-    with subprocess.Popen(
-        argv, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    ) as proc:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            print(f"  | {line}", end="", flush=True)
-            found = parse_metrics_line(line.rstrip("\n"))
-            if found is not None:
-                metrics = found
-        returncode = proc.wait()
+    returncode, metrics = _stream(argv, env)
     if returncode != 0:
         raise ExampleError(f"spark-submit exited with code {returncode} (its output is above)")
     # An exit code of 0 alone proves nothing: the job must also have reported what it did.
@@ -180,7 +246,7 @@ def run_with_spark_submit(spec_path: Path) -> Metrics:
     return metrics
 
 
-RUNNERS: dict[str, Runner] = {"spark-submit": run_with_spark_submit}
+RUNNERS: dict[str, Runner] = {"airflow-dag": run_with_airflow_dag, "spark-submit": run_with_spark_submit}
 
 
 def format_metrics(metrics: Metrics) -> str:
@@ -213,7 +279,7 @@ def check_result(demo: Demo, metrics: Metrics) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--runner", choices=sorted(RUNNERS), default="spark-submit")
+    parser.add_argument("--runner", choices=sorted(RUNNERS), default="airflow-dag")
     args = parser.parse_args(argv)
 
     demo = prepare_demo(EXAMPLE_ROOT)
@@ -221,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"source       : {demo.source_uri} ({EXPECTED_METRICS['numSourceRows']} rows)")
     print(f"merge spec   : {demo.spec_path}")
     try:
-        metrics = RUNNERS[args.runner](demo.spec_path)
+        metrics = RUNNERS[args.runner](demo)
     except ExampleError as err:
         print(f"run-example: {err}", file=sys.stderr)
         return 1
