@@ -32,7 +32,9 @@ if TYPE_CHECKING:
 __all__ = ["partition_count", "prune_files"]
 
 # Types whose JSON bounds convert to Spark values exactly (decimals and floats do not round-trip safely).
-_STATS_TYPES = (ByteType, ShortType, IntegerType, LongType, StringType, DateType, TimestampType, TimestampNTZType)
+_STATS_TYPES = (
+    ByteType, ShortType, IntegerType, LongType, StringType, DateType, TimestampType, TimestampNTZType
+)
 _STRING_PREFIX = 32  # Delta's dataSkippingStringPrefixLength: longer max bounds may be truncated.
 _FLIP = {exp.GT: exp.LT, exp.GTE: exp.LTE, exp.LT: exp.GT, exp.LTE: exp.GTE, exp.EQ: exp.EQ,
          exp.NullSafeEQ: exp.NullSafeEQ}
@@ -50,7 +52,7 @@ class _Rewriter:
             if field.name.lower() not in self.partition and isinstance(field.dataType, _STATS_TYPES):
                 self.stats[field.name.lower()] = (len(self.stats), field)
 
-    def _target_column(self, node: exp.Expression) -> str | None:
+    def _target_column(self, node: exp.Expr) -> str | None:
         if not isinstance(node, exp.Column) or isinstance(node.parent, exp.Dot):
             return None
         parts = [p.name for p in node.parts]
@@ -58,11 +60,11 @@ class _Rewriter:
             parts = parts[1:]
         return parts[0].lower() if len(parts) == 1 else None
 
-    def _only_partition_columns(self, node: exp.Expression) -> bool:
+    def _only_partition_columns(self, node: exp.Expr) -> bool:
         columns = list(node.find_all(exp.Column))
         return all(self._target_column(c) in self.partition for c in columns)
 
-    def rewrite(self, node: exp.Expression) -> exp.Expression | None:
+    def rewrite(self, node: exp.Expr) -> exp.Expr | None:
         while isinstance(node, exp.Paren):
             node = node.this
         if self._only_partition_columns(node):
@@ -87,8 +89,9 @@ class _Rewriter:
         if isinstance(node, exp.Is) and isinstance(node.expression, exp.Null):
             stat = self._stat(node.this)
             return None if stat is None else exp.condition(f"coalesce(__nulls_{stat[0]} > 0, true)")
-        if isinstance(node, exp.Not) and isinstance(node.this, exp.Is) and isinstance(node.this.expression, exp.Null):
-            stat = self._stat(node.this.this)
+        negated = node.this if isinstance(node, exp.Not) else None
+        if isinstance(negated, exp.Is) and isinstance(negated.expression, exp.Null):
+            stat = self._stat(negated.this)
             if stat is None:
                 return None
             return exp.condition(f"coalesce(__nulls_{stat[0]} < __num_records, true)")
@@ -96,11 +99,11 @@ class _Rewriter:
             return self._comparison(node)
         return None
 
-    def _stat(self, node: exp.Expression) -> tuple[int, StructField] | None:
+    def _stat(self, node: exp.Expr) -> tuple[int, StructField] | None:
         name = self._target_column(node)
         return self.stats.get(name) if name is not None else None
 
-    def _comparison(self, node: exp.Expression) -> exp.Expression | None:
+    def _comparison(self, node: exp.Expr) -> exp.Expr | None:
         kind: Any = type(node)
         left, right = node.this, node.expression
         if self._stat(left) is None:
@@ -116,7 +119,8 @@ class _Rewriter:
         if isinstance(field.dataType, (TimestampType, TimestampNTZType)):
             # Writers truncate timestamp bounds to milliseconds; widen the max like Delta's reader does.
             high = f"({high} + INTERVAL 1 MILLISECOND)"
-        max_ok = f"length(__max_{index}) >= {_STRING_PREFIX} OR " if isinstance(field.dataType, StringType) else ""
+        is_string = isinstance(field.dataType, StringType)
+        max_ok = f"length(__max_{index}) >= {_STRING_PREFIX} OR " if is_string else ""
         if kind in (exp.EQ, exp.NullSafeEQ):
             text = f"{low} <= {value} AND ({max_ok}{high} >= {value})"
         elif kind is exp.LT:

@@ -86,8 +86,11 @@ def scan_files(
             + [StructField(c, schema[c].dataType) for c in partition_columns]
         )
         part_rows = [
-            (file_key(snapshot.table_uri, f.path),
-             *[parse_partition_value(f.partition_values.get(c), schema[c].dataType) for c in partition_columns])
+            (
+                file_key(snapshot.table_uri, f.path),
+                *[parse_partition_value(f.partition_values.get(c), schema[c].dataType)
+                  for c in partition_columns],
+            )
             for f in files
         ]
         values = spark.createDataFrame(part_rows, part_schema)
