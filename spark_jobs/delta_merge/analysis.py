@@ -16,6 +16,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import DataType, NullType, StructField, StructType
 
+from spark_jobs.delta_merge.constraints import generated_columns
 from spark_jobs.delta_merge.errors import MergeAnalysisError
 from spark_jobs.delta_merge.evolution import evolve_schema
 from spark_jobs.delta_merge.expressions import column_refs, qualify_to_side, split_conjuncts
@@ -27,12 +28,17 @@ __all__ = ["MergePlan", "ResolvedClause", "resolve_merge"]
 
 @dataclass(frozen=True)
 class ResolvedClause:
-    """A clause ready to run: its condition and, for updates and inserts, one value per output column."""
+    """A clause ready to run: its condition and, for updates and inserts, one value per output column.
+
+    :param generated: output columns the clause does not assign that are generated columns: the
+        write stage computes them from their generation expressions (Delta does, for inserts and updates).
+    """
 
     when: str
     action: str
     condition: str | None
     outputs: tuple[Column, ...] | None
+    generated: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -95,6 +101,7 @@ class _Resolver:
         self.final_schema = evolve_schema(
             parsed, target_schema, source_schema, enabled=options.schema_evolution
         )
+        self.generated = set(generated_columns(target_schema))
 
     # -- resolution helpers -------------------------------------------------------------------------
     def _columns_of(self, df: DataFrame) -> str:
@@ -163,13 +170,16 @@ class _Resolver:
             condition, df = self.side_sql(clause.condition, clause, f"{name} condition")
             self.expr_type(condition, df, f"{name} condition")
         outputs: tuple[Column, ...] | None = None
+        generated: set[str] = set()
         if clause.action == "update_all":
-            outputs = self._star(clause, update=True)
+            outputs = self._star(clause, update=True, generated=generated)
         elif clause.action == "insert_all":
-            outputs = self._star(clause, update=False)
+            outputs = self._star(clause, update=False, generated=generated)
         elif clause.action in ("update", "insert"):
-            outputs = self._explicit(clause, update=clause.action == "update", where=f"{name} clause")
-        return ResolvedClause(clause.when, clause.action, condition, outputs)
+            outputs = self._explicit(
+                clause, update=clause.action == "update", where=f"{name} clause", generated=generated
+            )
+        return ResolvedClause(clause.when, clause.action, condition, outputs, frozenset(generated))
 
     def _target_value(self, field: StructField) -> Column:
         """The current target value widened to the final type (NULL for a column the merge adds)."""
@@ -190,14 +200,18 @@ class _Resolver:
             allow_missing_fields=allow_missing or self.options.schema_evolution,
         )
 
-    def _star(self, clause: MergeClause, *, update: bool) -> tuple[Column, ...]:
+    def _star(self, clause: MergeClause, *, update: bool, generated: set[str]) -> tuple[Column, ...]:
+        """``SET *`` / ``INSERT *``; a generated column the source lacks is added to ``generated``."""
         df = self.joined_df if update else self.source_df
         where = "UPDATE clause" if update else "INSERT clause"
         outputs: list[Column] = []
         for field in self.final_schema.fields:
             source_field = find_field(self.source_schema, field.name)
             if source_field is None or (isinstance(source_field.dataType, NullType) and update):
-                if self.options.schema_evolution or find_field(self.target_schema, field.name) is None:
+                if field.name.lower() in self.generated:
+                    generated.add(field.name)
+                if (self.options.schema_evolution or find_field(self.target_schema, field.name) is None
+                        or field.name.lower() in self.generated):
                     value = self._target_value(field) if update else F.lit(None).cast(field.dataType)
                     outputs.append(value.alias(field.name))
                     continue
@@ -213,7 +227,10 @@ class _Resolver:
             )
         return tuple(outputs)
 
-    def _explicit(self, clause: MergeClause, *, update: bool, where: str) -> tuple[Column, ...]:
+    def _explicit(
+        self, clause: MergeClause, *, update: bool, where: str, generated: set[str]
+    ) -> tuple[Column, ...]:
+        """Explicit assignments; an unassigned generated column is added to ``generated``."""
         # A tree of assignments: {column: {"": value} | {field: ...}} keyed by lower-cased name.
         tree: dict[str, Any] = {}
         for assignment in clause.assignments:
@@ -225,6 +242,8 @@ class _Resolver:
         outputs: list[Column] = []
         for field in self.final_schema.fields:
             assigned = tree.get(field.name.lower())
+            if assigned is None and field.name.lower() in self.generated:
+                generated.add(field.name)
             if assigned is None:
                 value = self._target_value(field) if update else F.lit(None).cast(field.dataType)
             else:

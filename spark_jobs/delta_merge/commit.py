@@ -107,7 +107,13 @@ def plan_commit(
     commit_metadata: Mapping[str, Any],
     isolation_level: str = "WriteSerializable",
 ) -> CommitPlan:
-    """Validate the merge's file actions and build its commitInfo (no I/O)."""
+    """Validate the merge's file actions and build its commitInfo.
+
+    The files are checked as committed (:func:`~spark_jobs.delta_merge.commit_validity.check_commit_files`):
+    this reads their sizes and Parquet footers, but writes nothing.
+
+    :raises MergeExecutionError: a remove or an add is not valid; nothing is committed.
+    """
     if isolation_level not in ISOLATION_LEVELS:
         raise MergeSpecError(
             f"isolation_level must be one of {', '.join(ISOLATION_LEVELS)}; found {isolation_level!r}."
@@ -121,7 +127,11 @@ def plan_commit(
         json.dumps(dict(commit_metadata), allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise MergeSpecError(f"run.commit_metadata must be JSON-serializable (no NaN): {exc}.") from exc
-    _check_files(snapshot, removes, adds)
+    # Imported here: commit_validity needs pyspark, and the Airflow side imports this module without it.
+    from spark_jobs.delta_merge.commit_validity import check_commit_files
+
+    final_schema = new_schema if new_schema is not None else snapshot.schema
+    check_commit_files(snapshot, removes, adds, schema=final_schema)
     token = str(uuid.uuid4())
     commit_info: dict[str, Any] = {
         **commit_metadata,
@@ -247,27 +257,6 @@ def find_app_transaction_commit(
             if isinstance(txn.get("version"), int) and txn["version"] < app_version:
                 return None
     return None
-
-
-def _check_files(snapshot: TargetSnapshot, removes: Sequence[LiveFile], adds: Sequence[WrittenFile]) -> None:
-    live = {f.path for f in snapshot.files}
-    removed = [f.path for f in removes]
-    problems = []
-    if not_live := sorted(set(removed) - live):
-        problems.append(f"removes files that are not live at version {snapshot.version}: {not_live[:3]}")
-    if len(set(removed)) != len(removed):
-        problems.append("removes the same file twice")
-    added = [f.path for f in adds]
-    if len(set(added)) != len(added) or set(added) & live:
-        problems.append("adds a path twice or a path that is already live")
-    expected = set(snapshot.partition_columns)
-    if bad := [f.path for f in adds if set(f.partition_values) != expected]:
-        problems.append(f"adds files whose partition values do not name {sorted(expected)}: {bad[:3]}")
-    if problems:
-        detail = "; ".join(problems)
-        raise MergeExecutionError(
-            f"Refusing to commit to {snapshot.table_uri}: the merge {detail}. Nothing was committed."
-        )
 
 
 def _evolved_schema_json(snapshot: TargetSnapshot, new_schema: StructType | None) -> str | None:

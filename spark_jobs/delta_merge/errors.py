@@ -4,6 +4,7 @@ from __future__ import annotations
 
 __all__ = [
     "ConcurrentModificationError",
+    "ConstraintViolationError",
     "ExpectationFailedError",
     "MergeAnalysisError",
     "MergeExecutionError",
@@ -35,6 +36,14 @@ class MultipleSourceRowMatchesError(MergeJobError):
 
 class UnsupportedTableFeatureError(MergeJobError):
     """The target table uses a Delta feature this job cannot write correctly."""
+
+
+class ConstraintViolationError(MergeJobError):
+    """A row the merge would write violates a CHECK, NOT NULL or generated-column constraint.
+
+    The message is Delta's, naming the constraint and the values of a sample offending row; nothing
+    was committed.
+    """
 
 
 class MergeExecutionError(MergeJobError):

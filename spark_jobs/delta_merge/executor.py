@@ -14,18 +14,20 @@ from pyspark.sql import functions as F
 
 from spark_jobs.delta_merge.analysis import MergePlan
 from spark_jobs.delta_merge.data_skipping import partition_count, prune_files
+from spark_jobs.delta_merge.errors import ConstraintViolationError
 from spark_jobs.delta_merge.files import LiveFile, WrittenFile
 from spark_jobs.delta_merge.metrics import MergeMetrics
 from spark_jobs.delta_merge.rewrite import (
     ACTION_COLUMN,
     DROPPED_ACTIONS,
+    VIOLATION_COLUMN,
     Action,
     classic_output,
     insert_only_output,
 )
 from spark_jobs.delta_merge.row_counter import counted
 from spark_jobs.delta_merge.snapshot import TargetSnapshot
-from spark_jobs.delta_merge.table_features import check_writable
+from spark_jobs.delta_merge.table_features import TableConstraints, check_writable, table_constraints
 from spark_jobs.delta_merge.table_scan import file_key, scan_files
 from spark_jobs.delta_merge.touched_files import TouchedFiles, find_touched_files
 from spark_jobs.delta_merge.write import write_merge_output
@@ -61,9 +63,14 @@ def _elapsed_ms(started: float) -> int:
 
 
 def _count_rows(output: DataFrame) -> dict[int, int]:
-    """Dry run: the rows per action code, computed without writing."""
-    return {int(r[ACTION_COLUMN]): int(r["rows"]) for r in output.groupBy(ACTION_COLUMN).agg(
-        F.count(F.lit(1)).alias("rows")).collect()}
+    """Dry run: the rows per action code, computed without writing; a constraint violation still fails."""
+    rows = output.groupBy(ACTION_COLUMN).agg(
+        F.count(F.lit(1)).alias("rows"), F.min(VIOLATION_COLUMN).alias("violation")
+    ).collect()
+    violation = min((r["violation"] for r in rows if r["violation"] is not None), default=None)
+    if violation is not None:
+        raise ConstraintViolationError(f"{violation} (found by a dry run; nothing was written)")
+    return {int(r[ACTION_COLUMN]): int(r["rows"]) for r in rows}
 
 
 def _write(
@@ -79,6 +86,7 @@ def _write(
             schema=plan.final_schema,
             partition_columns=snapshot.partition_columns,
             action_column=ACTION_COLUMN,
+            violation_column=VIOLATION_COLUMN,
             drop_codes=[int(a) for a in DROPPED_ACTIONS],
             target_file_size=target_file_size,
             num_indexed_cols=int(snapshot.configuration.get("delta.dataSkippingNumIndexedCols", "32")),
@@ -136,22 +144,23 @@ def execute_merge(
         spark, snapshot, snapshot.files, predicates=plan.target_only_predicates,
         target_alias=plan.target_alias,
     )
+    constraints = table_constraints(snapshot)
     if plan.parsed.is_insert_only:
         return _insert_only(spark, source, snapshot=snapshot, plan=plan, candidates=candidates,
-                            target_file_size=target_file_size, dry_run=dry_run)
+                            constraints=constraints, target_file_size=target_file_size, dry_run=dry_run)
     return _classic(spark, source, snapshot=snapshot, plan=plan, candidates=candidates,
-                    target_file_size=target_file_size, dry_run=dry_run)
+                    constraints=constraints, target_file_size=target_file_size, dry_run=dry_run)
 
 
 def _insert_only(
     spark: SparkSession, source: DataFrame, *, snapshot: TargetSnapshot, plan: MergePlan,
-    candidates: list[LiveFile], target_file_size: int, dry_run: bool,
+    candidates: list[LiveFile], constraints: TableConstraints, target_file_size: int, dry_run: bool,
 ) -> MergeOutcome:
     check_writable(snapshot, removes_files=False, candidate_files=candidates)
     started = time.monotonic()
     source, source_rows = counted(source, "merge_source_rows")
     target = scan_files(spark, snapshot, candidates) if candidates else None
-    output = insert_only_output(source, target, plan=plan)
+    output = insert_only_output(source, target, plan=plan, constraints=constraints)
     counts, adds = _write(spark, output, snapshot=snapshot, plan=plan, target_file_size=target_file_size,
                           dry_run=dry_run, description="MERGE operation - writing new files for only inserts")
     values: dict[str, Any] = {
@@ -163,7 +172,7 @@ def _insert_only(
 
 def _classic(
     spark: SparkSession, source: DataFrame, *, snapshot: TargetSnapshot, plan: MergePlan,
-    candidates: list[LiveFile], target_file_size: int, dry_run: bool,
+    candidates: list[LiveFile], constraints: TableConstraints, target_file_size: int, dry_run: bool,
 ) -> MergeOutcome:
     by_key = {file_key(snapshot.table_uri, f.path): f for f in candidates}
     started = time.monotonic()
@@ -182,10 +191,10 @@ def _classic(
     source, second_scan_rows = counted(source, "merge_source_rows_second_scan")
     if removes:
         output = classic_output(source, scan_files(spark, snapshot, removes), plan=plan,
-                                copy_values=plan.copy_values)
+                                copy_values=plan.copy_values, constraints=constraints)
     elif plan.clauses_of("not_matched"):
         # Nothing matched: like Delta's writeInsertsOnlyWhenNoMatches, only the inserts are written.
-        output = insert_only_output(source, None, plan=plan.only_inserts())
+        output = insert_only_output(source, None, plan=plan.only_inserts(), constraints=constraints)
     else:
         output = None
     counts: dict[int, int] = {}

@@ -57,7 +57,7 @@ class TableConstraints:
     :param checks: CHECK constraints by name (``delta.constraints.<name>`` properties) plus legacy
         column invariants, named ``invariant:<dotted.path>``; values are Spark SQL boolean expressions.
     :param not_null: paths (struct field names from the root) of NOT NULL columns and fields.
-    :param generated: generation expressions of generated columns, by column name.
+    :param generated: generation expressions of generated (top-level) columns, by column name.
     """
 
     checks: Mapping[str, str] = field(default_factory=dict)
@@ -96,8 +96,8 @@ def table_constraints(snapshot: TargetSnapshot) -> TableConstraints:
         if not struct_field.nullable:
             not_null.append(path)
         expression = struct_field.metadata.get("delta.generationExpression")
-        if expression is not None:
-            generated[".".join(path)] = str(expression)
+        if expression is not None and len(path) == 1:  # Delta has generated columns at the top level only
+            generated[path[0]] = str(expression)
         invariant = struct_field.metadata.get("delta.invariants")
         if invariant is not None:
             checks[f"invariant:{'.'.join(path)}"] = _invariant_sql(path, invariant)

@@ -18,10 +18,10 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_type
 from pyspark.sql.types import ArrayType, CharType, DataType, MapType, StructType, VarcharType
 
-from spark_jobs.delta_merge.errors import MergeExecutionError
+from spark_jobs.delta_merge.errors import ConstraintViolationError, MergeExecutionError
 from spark_jobs.delta_merge.file_stats import DEFAULT_NUM_INDEXED_COLS, indexed_leaves
 from spark_jobs.delta_merge.files import WrittenFile
-from spark_jobs.delta_merge.write_task import RESULT_SCHEMA, WriteTaskPlan, write_task
+from spark_jobs.delta_merge.write_task import RESULT_SCHEMA, VIOLATION_MARKER, WriteTaskPlan, write_task
 
 __all__ = ["WriteOutcome", "arrow_schema", "write_merge_output"]
 
@@ -46,7 +46,7 @@ def write_merge_output(
     df: DataFrame, *, table_root: str, schema: StructType, partition_columns: Sequence[str],
     action_column: str, drop_codes: Collection[int], target_file_size: int,
     num_indexed_cols: int = DEFAULT_NUM_INDEXED_COLS, stats_columns: Sequence[str] | None = None,
-    job_description: str | None = None,
+    job_description: str | None = None, violation_column: str | None = None,
 ) -> WriteOutcome:
     """Write ``df`` as new Parquet files under ``table_root``, counting rows per action code.
 
@@ -61,16 +61,20 @@ def write_merge_output(
     :param num_indexed_cols: ``delta.dataSkippingNumIndexedCols``.
     :param stats_columns: ``delta.dataSkippingStatsColumns``, which wins when given.
     :param job_description: Spark job description for the write job (restored afterwards).
+    :param violation_column: a string column that is NULL on rows satisfying the table's constraints
+        and otherwise says which one the row violates; the write fails on the first non-NULL value.
+    :raises ConstraintViolationError: a row violates a constraint (the message is the column's value).
     :raises MergeExecutionError: the job failed; nothing is committed and files written before
         the failure are orphans that VACUUM removes.
     """
     names = list(schema.names)
     available = {c.lower() for c in df.columns}  # Spark resolves names case-insensitively by default
-    missing = [c for c in [*names, action_column] if c.lower() not in available]
+    extra = [action_column] + ([violation_column] if violation_column is not None else [])
+    missing = [c for c in [*names, *extra] if c.lower() not in available]
     if missing:
         raise ValueError(f"write_merge_output: columns {missing} are not in the DataFrame ({df.columns})")
-    if action_column in names:
-        raise ValueError(f"write_merge_output: action column {action_column!r} is also a table column")
+    if clash := [c for c in extra if c in names]:
+        raise ValueError(f"write_merge_output: bookkeeping columns {clash} are also table columns")
     unknown = [c for c in partition_columns if c not in names]
     if unknown:
         raise ValueError(f"write_merge_output: partition columns {unknown} are not in the schema {names}")
@@ -88,8 +92,9 @@ def write_merge_output(
         leaves=indexed_leaves(data_schema, num_indexed_cols=num_indexed_cols, stats_columns=stats_columns),
         drop_codes=tuple(sorted({int(c) for c in drop_codes})),
         target_file_size=target_file_size,
+        check_violations=violation_column is not None,
     )
-    output = df.select(*[F.col(_quoted(n)).alias(n) for n in names], F.col(_quoted(action_column)))
+    output = df.select(*[F.col(_quoted(n)).alias(n) for n in names], *[F.col(_quoted(c)) for c in extra])
     if partition_columns:
         # Delta's repartitionBeforeWrite, as REBALANCE: AQE sizes the partitions from the actual
         # shuffle bytes, so a small output becomes one task per partition value, a large one splits.
@@ -99,6 +104,12 @@ def write_merge_output(
         with _job_description(df.sparkSession, job_description):
             rows = job.collect()
     except Exception as exc:
+        violation = _violation(exc)
+        if violation is not None:
+            raise ConstraintViolationError(
+                f"{violation}\nNothing was committed (files already written under {table_root} are not in "
+                "the Delta log; VACUUM removes them)."
+            ) from exc
         raise MergeExecutionError(
             f"Writing the merge output under {table_root} failed; nothing was committed (files already "
             f"written there are not in the Delta log; VACUUM removes them). Cause: {_summary(exc)}"
@@ -143,6 +154,17 @@ def _summary(exc: BaseException) -> str:
     text = str(exc)
     raised = re.findall(r"^(?:[\w.]+\.)?(\w*(?:Error|Exception): .+)$", text, flags=re.MULTILINE)
     return raised[-1].strip() if raised else text[:2000]
+
+
+def _violation(exc: BaseException) -> str | None:
+    """The constraint violation a write task reported (JSON after a marker), if that is the failure."""
+    match = re.search(re.escape(VIOLATION_MARKER) + r'("(?:[^"\\]|\\.)*")', str(exc))
+    if match is None:
+        return None
+    try:
+        return str(json.loads(match.group(1)))
+    except ValueError:
+        return None
 
 
 def _quoted(name: str) -> str:

@@ -18,7 +18,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from pyspark.sql.types import DataType
 
-from spark_jobs.delta_merge.errors import MergeExecutionError
+from spark_jobs.delta_merge.errors import ConstraintViolationError, MergeExecutionError
 from spark_jobs.delta_merge.file_stats import FileStatsCollector, StatsLeaf
 from spark_jobs.delta_merge.partition_values import (
     encode_add_path,
@@ -26,7 +26,7 @@ from spark_jobs.delta_merge.partition_values import (
     serialize_partition_value,
 )
 
-__all__ = ["COMPRESSION", "RESULT_SCHEMA", "WriteTaskPlan", "write_task"]
+__all__ = ["COMPRESSION", "RESULT_SCHEMA", "VIOLATION_MARKER", "WriteTaskPlan", "write_task"]
 
 COMPRESSION = "zstd"
 _MAX_ROW_GROUP_BYTES = 64 << 20  # Arrow (uncompressed) bytes per row group, at most
@@ -41,6 +41,9 @@ _RESULT_ARROW_SCHEMA = pa.schema([
 RESULT_SCHEMA = ", ".join(f"{f.name} {'string' if f.type == pa.string() else 'long'}"
                           for f in _RESULT_ARROW_SCHEMA)
 _ROW_INDEX = "__delta_merge_row"
+# A task reports a constraint violation as this marker and the message as one JSON string: Spark hands
+# the driver only the text of a task's error, and the message has several lines.
+VIOLATION_MARKER = "DELTA_MERGE_CONSTRAINT_VIOLATION:"
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,8 @@ class WriteTaskPlan:
     :param root: absolute local path or URI of the table root.
     :param input_schema: Arrow schema of the table columns in the batches (after the action code).
     :param data_schema: the files' schema: ``input_schema`` without partition columns.
+    :param check_violations: the batches carry a violation column after the action code: a task
+        fails on its first non-NULL value, before writing that batch.
     """
 
     root: str
@@ -61,6 +66,7 @@ class WriteTaskPlan:
     drop_codes: tuple[int, ...]
     target_file_size: int
     compression: str = COMPRESSION
+    check_violations: bool = False
 
 
 def write_task(plan: WriteTaskPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -76,6 +82,8 @@ def write_task(plan: WriteTaskPlan, batches: Iterator[pa.RecordBatch]) -> Iterat
             codes = batch.column(width)
             if codes.null_count:
                 raise MergeExecutionError(f"{codes.null_count} merge output rows carry no action code")
+            if plan.check_violations:
+                _raise_violation(batch.column(width + 1))
             for entry in pc.value_counts(codes).to_pylist():
                 counts[int(entry["values"])] += int(entry["counts"])
             data = batch.select(list(range(width)))
@@ -90,6 +98,13 @@ def write_task(plan: WriteTaskPlan, batches: Iterator[pa.RecordBatch]) -> Iterat
         raise
     rows += [{"kind": "count", "code": code, "count": n} for code, n in sorted(counts.items())]
     yield pa.RecordBatch.from_pylist(rows, schema=_RESULT_ARROW_SCHEMA)
+
+
+def _raise_violation(violations: pa.Array) -> None:
+    if violations.null_count == len(violations):
+        return
+    first = violations.drop_null()[0].as_py()
+    raise ConstraintViolationError(VIOLATION_MARKER + json.dumps(str(first)))
 
 
 def _conform(data: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:

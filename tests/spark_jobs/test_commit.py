@@ -283,6 +283,6 @@ def test_conflict_after_the_schema_commit_names_it(tmp_path: Path, monkeypatch: 
     with pytest.raises(
         ConcurrentModificationError, match=r"except its schema change, committed as version 1 \(token "
     ):
-        _commit(snapshot, [], [_write(tmp_path, "a", {"id": [3]})], new_schema=evolved)
+        _commit(snapshot, [], [_write(tmp_path, "a", {"id": [3], "extra": [None]})], new_schema=evolved)
     assert DeltaTable(tmp_path).version() == 2
     assert read_commit_info(str(tmp_path), 1)["mergeOperation"] == SCHEMA_EVOLUTION_OPERATION
