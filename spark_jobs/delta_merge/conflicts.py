@@ -14,7 +14,7 @@ from typing import Any
 from spark_jobs.delta_merge.errors import ConcurrentModificationError
 from spark_jobs.delta_merge.files import FileStats, LiveFile
 
-__all__ = ["AlreadyApplied", "ReadSet", "check_winning_commit"]
+__all__ = ["AlreadyApplied", "ReadSet", "added_file", "check_winning_commit"]
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,8 @@ def _conflict(version: int, rule: str, detail: str) -> ConcurrentModificationErr
     )
 
 
-def _added_file(add: Mapping[str, Any]) -> LiveFile:
+def added_file(add: Mapping[str, Any]) -> LiveFile:
+    """An ``add`` action as a :class:`LiveFile` (partition values and statistics as logged)."""
     stats_text = add.get("stats")
     stats = None
     if stats_text:
@@ -103,7 +104,7 @@ def check_winning_commit(
                             f"removed {path}, a file this merge read")
     blind = info.get("isBlindAppend") is True
     if read.serializable or not blind:
-        added = [_added_file(a) for a in _of(actions, "add") if a.get("dataChange", True)]
+        added = [added_file(a) for a in _of(actions, "add") if a.get("dataChange", True)]
         if added and (read.whole_table or matches_read(added)):
             raise _conflict(version, "ConcurrentAppendException",
                             f"added {len(added)} file(s) into what this merge read")

@@ -14,7 +14,10 @@ __all__ = ["applied_metrics", "metrics_of_commit"]
 
 def metrics_of_commit(version: int, commit_info: Mapping[str, Any]) -> MergeMetrics:
     """The metrics a merge recorded in its commit, marked as not applied again (``skipped``)."""
-    metrics = MergeMetrics.from_mapping(commit_info.get("operationMetrics", {}))
+    recorded = dict(commit_info.get("operationMetrics", {}))
+    if "materializeSourceReason" in commit_info:  # a string: kept beside operationMetrics, not in them
+        recorded["materializeSourceReason"] = commit_info["materializeSourceReason"]
+    metrics = MergeMetrics.from_mapping(recorded)
     return metrics.with_values(
         skipped=True, tableVersion=version, readVersion=int(commit_info.get("readVersion", -1))
     )

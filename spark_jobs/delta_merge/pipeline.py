@@ -15,14 +15,21 @@ from spark_jobs.delta_merge.analysis import MergePlan, resolve_merge
 from spark_jobs.delta_merge.commit import plan_commit
 from spark_jobs.delta_merge.conflicts import ReadSet
 from spark_jobs.delta_merge.data_skipping import prune_files
+from spark_jobs.delta_merge.errors import MergeExecutionError
 from spark_jobs.delta_merge.executor import MergeOutcome, execute_merge
 from spark_jobs.delta_merge.expectations import check_expectations
 from spark_jobs.delta_merge.files import LiveFile
 from spark_jobs.delta_merge.idempotency import applied_metrics, metrics_of_commit
 from spark_jobs.delta_merge.metrics import MergeMetrics
 from spark_jobs.delta_merge.snapshot import TargetSnapshot, load_snapshot
-from spark_jobs.delta_merge.source import materialize_source, read_source
-from spark_jobs.delta_merge.spec import MergeSpec
+from spark_jobs.delta_merge.source import (
+    MATERIALIZE_MAX_ATTEMPTS,
+    MaterializedSourceLostError,
+    materialize_source,
+    read_source,
+    storage_level_for_attempt,
+)
+from spark_jobs.delta_merge.spec import MergeSpec, ParsedMerge
 from spark_jobs.delta_merge.transaction import commit_serializably
 
 __all__ = ["run_merge"]
@@ -98,7 +105,9 @@ def run_merge(spark: SparkSession, spec: MergeSpec | Mapping[str, Any]) -> Merge
 
     The steps of MergeIntoCommand.run: pin the target snapshot, resolve the statement, prepare
     (materialize) the source, find the touched files and rewrite them (or only append inserts), then
-    commit one version. Any failure before the commit leaves the table as it was.
+    commit one version. Any failure before the commit leaves the table as it was. When blocks of the
+    materialized source are lost, the whole merge runs again with a more durable storage level, as
+    Delta's runWithMaterializedSourceLostRetries does (at most ``MATERIALIZE_MAX_ATTEMPTS`` runs).
     """
     if not isinstance(spec, MergeSpec):
         spec = MergeSpec.from_dict(spec)
@@ -110,36 +119,69 @@ def run_merge(spark: SparkSession, spec: MergeSpec | Mapping[str, Any]) -> Merge
                  spec.run.app_id, spec.run.app_version, applied.tableVersion)
         return applied
     with _session_confs(spark, _merge_confs(spark, spec)):
-        snapshot = load_snapshot(spec.target.uri, storage_options=dict(spec.target.storage_options))
-        log.info(
-            "MERGE into %s at version %d (%d files)", spec.target.uri, snapshot.version, len(snapshot.files)
+        for attempt in range(1, MATERIALIZE_MAX_ATTEMPTS + 1):
+            try:
+                return _run_attempt(spark, spec, parsed, started=started, attempt=attempt)
+            except MaterializedSourceLostError as lost:
+                if attempt == MATERIALIZE_MAX_ATTEMPTS:
+                    raise MergeExecutionError(
+                        f"The materialized merge source lost blocks in each of {attempt} attempts "
+                        f"(last: {lost}). Check for executors being lost or decommissioned; a replicated "
+                        "options.materialize_storage_level or a pinned Delta source (which needs no "
+                        "materialization) avoids this."
+                    ) from lost
+                log.warning(
+                    "MERGE retry %d of %d: %s Running the merge again with storage level %s.",
+                    attempt + 1, MATERIALIZE_MAX_ATTEMPTS, lost,
+                    storage_level_for_attempt(spec.options.materialize_storage_level, attempt + 1),
+                )
+    raise AssertionError("unreachable")  # the loop returns or raises
+
+
+def _run_attempt(
+    spark: SparkSession, spec: MergeSpec, parsed: ParsedMerge, *, started: float, attempt: int
+) -> MergeMetrics:
+    """One run of the merge from its snapshot to its commit."""
+    snapshot = load_snapshot(spec.target.uri, storage_options=dict(spec.target.storage_options))
+    log.info(
+        "MERGE into %s at version %d (%d files)", spec.target.uri, snapshot.version, len(snapshot.files)
+    )
+    source_read = read_source(spark, spec.source)
+    plan = resolve_merge(
+        spark, parsed, target_schema=snapshot.schema, source_schema=source_read.df.schema,
+        options=spec.options,
+    )
+    source = materialize_source(
+        source_read, columns=plan.source_columns, options=spec.options, insert_only=parsed.is_insert_only,
+        attempt=attempt,
+    )
+    log.info("source prepared: materialized=%s (%s)%s", source.materialized, source.reason,
+             f", storage level {source.storage_level}" if source.materialized else "")
+    try:
+        outcome = execute_merge(
+            spark, source.df, snapshot=snapshot, plan=plan,
+            target_file_size=_target_file_size(spec, snapshot), dry_run=spec.options.dry_run,
         )
-        source_read = read_source(spark, spec.source)
-        plan = resolve_merge(
-            spark, parsed, target_schema=snapshot.schema, source_schema=source_read.df.schema,
-            options=spec.options,
-        )
-        source = materialize_source(
-            source_read, columns=plan.source_columns, options=spec.options, insert_only=parsed.is_insert_only
-        )
-        log.info("source prepared: materialized=%s (%s)", source.materialized, source.reason)
-        try:
-            outcome = execute_merge(
-                spark, source.df, snapshot=snapshot, plan=plan,
-                target_file_size=_target_file_size(spec, snapshot), dry_run=spec.options.dry_run,
-            )
-        finally:
-            source.release()
-        metrics = outcome.metrics.with_values(
-            materializeSourceReason=source.reason,
-            materializeSourceTimeMs=source.materialize_time_ms,
-            readVersion=snapshot.version,
-            executionTimeMs=int((time.monotonic() - started) * 1000),
-        )
-        check_expectations(metrics.to_dict(), spec.expected_metrics)
-        if spec.options.dry_run:
-            return metrics.with_values(dryRun=True, tableVersion=snapshot.version)
-        return _commit(spark, spec, snapshot, plan, outcome, metrics)
+    except Exception as exc:
+        source.raise_if_blocks_lost(exc)
+        raise
+    finally:
+        source.release()
+    metrics = outcome.metrics.with_values(
+        materializeSourceReason=source.reason,
+        materializeSourceTimeMs=source.materialize_time_ms,
+        readVersion=snapshot.version,
+        executionTimeMs=int((time.monotonic() - started) * 1000),
+    )
+    if not parsed.is_insert_only and metrics.numSourceRowsInSecondScan != metrics.numSourceRows:
+        # Delta's best-effort check (it fails only under merge.failIfSourceChanged, off by default).
+        log.warning("the source had %d rows in the first scan but %d in the second: it changed between "
+                    "the scans (materialized: %s)", metrics.numSourceRows, metrics.numSourceRowsInSecondScan,
+                    source.materialized)
+    check_expectations(metrics.to_dict(), spec.expected_metrics)
+    if spec.options.dry_run:
+        return metrics.with_values(dryRun=True, tableVersion=snapshot.version)
+    return _commit(spark, spec, snapshot, plan, outcome, metrics)
 
 
 def _commit(
@@ -174,6 +216,8 @@ def _commit(
         return bool(prune_files(spark, snapshot, files, predicates=plan.target_only_predicates,
                                 target_alias=plan.target_alias))
 
+    log.info("committing: %d files removed, %d added, read version %d",
+             len(outcome.removes), len(outcome.adds), snapshot.version)
     landed = commit_serializably(
         commit_plan, read, matches_read=matches_read, storage_options=dict(spec.target.storage_options)
     )

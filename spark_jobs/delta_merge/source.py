@@ -2,20 +2,39 @@
 
 from __future__ import annotations
 
+import re
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from py4j.protocol import Py4JError
 from pyspark import StorageLevel
 from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 
-from spark_jobs.delta_merge.errors import MergeAnalysisError
+from spark_jobs.delta_merge.errors import MergeAnalysisError, MergeExecutionError
 from spark_jobs.delta_merge.spec import MergeOptions, SourceSpec
 
-__all__ = ["PreparedSource", "SourceRead", "materialize_source", "read_source"]
+__all__ = [
+    "MATERIALIZE_MAX_ATTEMPTS", "MaterializedSourceLostError", "PreparedSource", "SourceRead",
+    "materialize_source", "read_source", "storage_level_for_attempt",
+]
 
 _FILE_FORMATS = ("parquet", "csv", "json", "orc")
+# Delta's spark.databricks.delta.merge.materializeSource.maxAttempts.
+MATERIALIZE_MAX_ATTEMPTS = 4
+# Levels of the retries after the configured one: all on disk, then replicated (Delta's rddStorageLevel,
+# rddStorageLevelFirstRetry and rddStorageLevelRetry defaults).
+_RETRY_LEVELS = ("DISK_ONLY", "DISK_ONLY_2", "DISK_ONLY_3")
+_BLOCK_LOST_CONDITION = "CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND"
+
+
+class MaterializedSourceLostError(MergeExecutionError):
+    """Blocks of the materialized source were lost (executor gone, blocks evicted) before the merge ended.
+
+    Nothing was committed: the merge can run again from the start with a more durable storage level.
+    """
 
 
 @dataclass(frozen=True)
@@ -37,13 +56,26 @@ class PreparedSource:
     materialized: bool
     reason: str
     materialize_time_ms: int
+    storage_level: str | None = None
+    rdd_id: int | None = None
 
     def release(self) -> None:
         """Drop the materialized blocks once the merge has read them (Delta unpersists them too)."""
         if self.materialized:
             # localCheckpoint persists an RDD under a LogicalRDD, which DataFrame.unpersist() does not reach;
             # left alone, every merge would keep its source in a long-lived session's block manager.
-            self.df._jdf.queryExecution().logical().rdd().unpersist(False)
+            _checkpointed_rdd(self.df).unpersist(False)
+
+    def raise_if_blocks_lost(self, error: BaseException) -> None:
+        """Raise :class:`MaterializedSourceLostError` when ``error`` is Spark's "checkpoint block not found"
+        for this source's materialized RDD (what Delta's runWithMaterializedSourceLostRetries catches)."""
+        if self.rdd_id is None or not _lost_checkpoint_block(error, self.rdd_id):
+            return
+        raise MaterializedSourceLostError(
+            f"Blocks of the materialized merge source (RDD {self.rdd_id}, storage level "
+            f"{self.storage_level}) were lost before the merge finished: an executor died or the blocks "
+            "were evicted. Nothing was committed."
+        ) from error
 
 
 def read_source(spark: SparkSession, source: SourceSpec) -> SourceRead:
@@ -107,25 +139,80 @@ def materialize_reason(source: SourceRead, *, mode: str, insert_only: bool) -> t
 
 
 def materialize_source(
-    source: SourceRead, *, columns: Sequence[str], options: MergeOptions, insert_only: bool
+    source: SourceRead, *, columns: Sequence[str], options: MergeOptions, insert_only: bool, attempt: int = 1
 ) -> PreparedSource:
     """Prune the source to the columns the merge uses and checkpoint it when the rules say so.
 
     A materialized source is read once, so both scans of the merge see the same rows even when the
     source is a directory that gains files or a query with ``rand()``.
+
+    :param attempt: the merge's attempt (1-based); retries after lost blocks use more durable levels
+        (:func:`storage_level_for_attempt`).
     """
     # With no referenced column (e.g. ON 1 = 1 and literal inserts) this keeps only the row count.
     pruned = source.df.select(*[source.df[c] for c in columns])
     materialize, reason = materialize_reason(source, mode=options.materialize_source, insert_only=insert_only)
     if not materialize:
         return PreparedSource(pruned, materialized=False, reason=reason, materialize_time_ms=0)
-    level = _storage_level(options.materialize_storage_level)
+    level_name = storage_level_for_attempt(options.materialize_storage_level, attempt)
     started = time.monotonic()
-    checkpointed = pruned.localCheckpoint(eager=True, storageLevel=level)
+    checkpointed = pruned.localCheckpoint(eager=True, storageLevel=_storage_level(level_name))
+    rdd = _checkpointed_rdd(checkpointed)
+    rdd.setName("mergeMaterializedSource")
     return PreparedSource(
         checkpointed, materialized=True, reason=reason,
         materialize_time_ms=int((time.monotonic() - started) * 1000),
+        storage_level=level_name, rdd_id=int(rdd.id()),
     )
+
+
+def storage_level_for_attempt(configured: str, attempt: int) -> str:
+    """The storage level of the materialized source on ``attempt`` (1-based).
+
+    The configured level first, then DISK_ONLY, DISK_ONLY_2 and DISK_ONLY_3, skipping the configured
+    level itself and any level with fewer replicas than it; the last level repeats.
+    """
+    base = configured.upper()
+    replicas = _storage_level(base).replication
+    ladder = [base, *(n for n in _RETRY_LEVELS if n != base and _storage_level(n).replication >= replicas)]
+    return ladder[min(attempt, len(ladder)) - 1]
+
+
+def _checkpointed_rdd(df: DataFrame) -> Any:
+    """The JVM RDD holding a locally checkpointed DataFrame's blocks (under its LogicalRDD plan)."""
+    return df._jdf.queryExecution().logical().rdd()
+
+
+def _lost_checkpoint_block(error: BaseException, rdd_id: int) -> bool:
+    block_prefix = f"rdd_{rdd_id}_"
+    for java_error in _java_errors(error):
+        try:
+            condition = java_error.getCondition()
+            block = java_error.getMessageParameters().get("rddBlockId")
+        except Py4JError:  # not a SparkThrowable
+            condition, block = None, None
+        if condition == _BLOCK_LOST_CONDITION and str(block).startswith(block_prefix):
+            return True
+        # A task failure the driver could not deserialize keeps only the text; Delta matches it this way.
+        if re.search(rf"Checkpoint block {block_prefix}[0-9]+ not found", str(java_error.getMessage())):
+            return True
+    return False
+
+
+def _java_errors(error: BaseException) -> Iterator[Any]:
+    """The JVM throwables behind a Python error: its causes/contexts, then each JVM cause chain."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        # Py4JJavaError carries java_exception; pyspark's converted errors carry _origin.
+        java_error = getattr(current, "java_exception", None) or getattr(current, "_origin", None)
+        depth = 0
+        while java_error is not None and depth < 20:
+            yield java_error
+            java_error = java_error.getCause()
+            depth += 1
+        current = current.__cause__ or current.__context__
 
 
 def _storage_level(name: str) -> StorageLevel:

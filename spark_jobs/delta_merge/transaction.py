@@ -10,13 +10,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spark_jobs.delta_merge.commit import CommitPlan, attempt_commit, latest_version, read_commit_actions
-from spark_jobs.delta_merge.conflicts import ReadSet, check_winning_commit
+from spark_jobs.delta_merge.conflicts import AlreadyApplied, ReadSet, added_file, check_winning_commit
 from spark_jobs.delta_merge.errors import ConcurrentModificationError, MergeExecutionError
 from spark_jobs.delta_merge.files import LiveFile
 
 __all__ = ["CommitOutcome", "commit_serializably"]
 
 log = logging.getLogger("delta_merge")
+
+# Rounds of "probe for new commits, check them" before a swap is tried anyway.
+_MAX_CHECK_ROUNDS = 20
 
 
 @dataclass(frozen=True)
@@ -49,27 +52,56 @@ def commit_serializably(
     """
     checked = plan.read_version
     for attempt in range(max_attempts):
-        latest = latest_version(plan.table_uri, known=checked, storage_options=storage_options)
-        for version in range(checked + 1, latest + 1):
-            actions = read_commit_actions(plan.table_uri, version, storage_options=storage_options)
-            if actions is None:
-                raise MergeExecutionError(
-                    f"Commit file of version {version} of {plan.table_uri} is missing while checking for "
-                    "conflicts (log cleaned up during the merge?). Nothing was committed; re-run the merge."
-                )
-            applied = check_winning_commit(version, actions, read, matches_read=matches_read)
+        # Check until a probe finds nothing new, so that the swap follows the last check closely: a busy
+        # writer that commits while a check runs would otherwise win every swap.
+        for _ in range(_MAX_CHECK_ROUNDS):
+            latest = latest_version(plan.table_uri, known=checked, storage_options=storage_options)
+            if latest == checked:
+                break
+            applied = _check_commits(plan, read, checked + 1, latest, matches_read, storage_options)
             if applied is not None:
                 log.info("app transaction already applied by version %d", applied.version)
                 return CommitOutcome(applied.version, already_applied=True, commit_info=applied.commit_info)
-        if latest > checked:
             log.info("versions %d..%d committed meanwhile; none conflicts", checked + 1, latest)
-        checked = latest
+            checked = latest
         try:
-            return CommitOutcome(attempt_commit(plan, base_version=latest, storage_options=storage_options))
+            return CommitOutcome(attempt_commit(plan, base_version=checked, storage_options=storage_options))
         except ConcurrentModificationError:
-            # Lost the race for version latest + 1: check the winner, then try on top of it.
+            # Lost the race for version checked + 1: check the winner, then try on top of it.
             sleep(random.uniform(0.5, 1.5) * min(2.0, 0.05 * 2**attempt))
     raise ConcurrentModificationError(
         f"Gave up committing the merge to {plan.table_uri} after {max_attempts} attempts: other writers "
         "committed first every time. Nothing was committed; re-run the merge."
     )
+
+
+def _check_commits(
+    plan: CommitPlan, read: ReadSet, first: int, last: int,
+    matches_read: Callable[[Sequence[LiveFile]], bool], storage_options: Mapping[str, str] | None,
+) -> AlreadyApplied | None:
+    """Check versions ``first..last`` in order; the first conflict raises, the first own app txn returns."""
+    commits: list[tuple[int, list[dict[str, Any]]]] = []
+    for version in range(first, last + 1):
+        actions = read_commit_actions(plan.table_uri, version, storage_options=storage_options)
+        if actions is None:
+            raise MergeExecutionError(
+                f"Commit file of version {version} of {plan.table_uri} is missing while checking for "
+                "conflicts (log cleaned up during the merge?). Nothing was committed; re-run the merge."
+            )
+        commits.append((version, actions))
+    check = matches_read
+    if len(commits) > 1 and not read.whole_table:
+        # Evaluating the read predicates costs a Spark job: ask once for all files these commits add. When
+        # none falls into what the merge read, no single commit's files can either.
+        added = [added_file(a["add"]) for _, actions in commits for a in actions if "add" in a]
+        if not added or not matches_read(added):
+            check = _matches_nothing
+    for version, actions in commits:
+        applied = check_winning_commit(version, actions, read, matches_read=check)
+        if applied is not None:
+            return applied
+    return None
+
+
+def _matches_nothing(files: Sequence[LiveFile]) -> bool:
+    return False

@@ -156,3 +156,47 @@ def test_fire_and_forget_then_the_deferred_sensor_sees_the_other_process_commit(
     assert _asset_events(airflow_home, f"file://{events_table}") == [
         {"task_id": "wait_for_commit", "extra": metrics}
     ]
+
+
+def test_cdc_example_applies_updates_inserts_and_deletes(airflow_home: AirflowHome) -> None:
+    import datetime as dt
+
+    old = dt.datetime(2020, 1, 1, tzinfo=dt.timezone.utc)
+    recent = dt.datetime(2023, 12, 1, tzinfo=dt.timezone.utc)
+    customers = _table(airflow_home.data / "customers", {
+        "id": pa.array([1, 2, 3, 4], pa.int64()), "name": ["a", "b", "c", "stale"],
+        "email": ["a@x", "b@x", "c@x", "s@x"],
+        "updated_at": pa.array([recent, recent, recent, old], pa.timestamp("us", tz="UTC")),
+    })  # fmt: skip
+    changed = dt.datetime(2024, 1, 2, tzinfo=dt.timezone.utc)
+    _landing(airflow_home.data / "landing" / "customer_changes" / DATE, {
+        "id": pa.array([1, 2, 9], pa.int64()), "op": ["U", "D", "I"], "name": ["a2", "b", "new"],
+        "email": ["a2@x", "b@x", "n@x"],
+        "changed_at": pa.array([changed] * 3, pa.timestamp("us", tz="UTC")),
+    })  # fmt: skip
+
+    _assert_ran(airflow_home.dags_test("merge_cdc_apply", DATE), airflow_home, "merge_cdc_apply")
+
+    rows = {row[0]: row[1] for row in read_rows(customers, columns=["id", "name"])}
+    # 1 updated, 2 deleted by the feed, 9 inserted, 4 deleted as not matched by source and stale.
+    assert rows == {1: "a2", 3: "c", 9: "new"}
+    metrics = _xcom(airflow_home, "merge_cdc_apply", "apply_customer_changes")
+    assert (metrics["numTargetRowsUpdated"], metrics["numTargetRowsInserted"]) == (1, 1)
+    assert (metrics["numTargetRowsMatchedDeleted"], metrics["numTargetRowsNotMatchedBySourceDeleted"]) == (1, 1)
+
+
+def test_branching_example_follows_the_merge_metrics(airflow_home: AirflowHome) -> None:
+    orders = _table(airflow_home.data / "orders", {
+        "order_id": pa.array([1, 2, 3], pa.int64()), "status": ["open", "open", "open"],
+    })  # fmt: skip
+    _landing(airflow_home.data / "landing" / "orders" / DATE, {
+        "order_id": pa.array([2, 4], pa.int64()), "status": ["cancelled", "open"],
+    })  # fmt: skip
+
+    dag_id = "merge_metrics_branching"
+    _assert_ran(airflow_home.dags_test(dag_id, DATE), airflow_home, dag_id)
+
+    assert sorted(read_rows(orders)) == [[1, "open"], [3, "open"], [4, "open"]]
+    states = _task_instances(airflow_home, "merge_metrics_branching")
+    assert states["audit_deletions"][0] == "success"
+    assert states["nothing_deleted"][0] == "skipped"
