@@ -8,7 +8,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from py4j.protocol import Py4JError
+from py4j.protocol import Py4JError, Py4JJavaError
 from pyspark import StorageLevel
 from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
@@ -107,7 +107,8 @@ def read_source(spark: SparkSession, source: SourceSpec) -> SourceRead:
     try:
         df = spark.read.format(fmt).options(**source.options).load(source.uri)
         return SourceRead(df, pinned_delta=False)
-    except AnalysisException as exc:
+    except (AnalysisException, Py4JJavaError) as exc:
+        # Schema inference reads the files: a file of another format fails there (FAILED_READ_FILE).
         raise MergeAnalysisError(
             f"Cannot read the source {source.uri} as {fmt}: {str(exc).splitlines()[0]}. Check that the path "
             "exists and holds files of that format (and source.options such as header=true for CSV)."

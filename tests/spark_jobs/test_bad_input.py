@@ -216,9 +216,7 @@ def parquet_source_read_as_json(root: Path) -> tuple[Path, dict[str, Any]]:
     return target, spec(target, {"uri": str(make_source(root)), "format": "json"})
 
 
-@case(MergeAnalysisError, "Cannot read the source",
-      marks=pytest.mark.xfail(strict=True, raises=Exception,
-                              reason="read_source lets Spark's FAILED_READ_FILE (a Py4JJavaError) through"))
+@case(MergeAnalysisError, "Cannot read the source")
 def csv_source_read_as_parquet(root: Path) -> tuple[Path, dict[str, Any]]:
     target = make_target(root)
     source = root / "s"
