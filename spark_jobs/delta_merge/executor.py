@@ -174,7 +174,7 @@ def _classic(
     spark: SparkSession, source: DataFrame, *, snapshot: TargetSnapshot, plan: MergePlan,
     candidates: list[LiveFile], constraints: TableConstraints, target_file_size: int, dry_run: bool,
 ) -> MergeOutcome:
-    by_key = {file_key(snapshot.table_uri, f.path): f for f in candidates}
+    by_key = {file_key(snapshot, f): f for f in candidates}
     started = time.monotonic()
     with _stage(spark, "MERGE operation - scanning files for matches"):
         if candidates:

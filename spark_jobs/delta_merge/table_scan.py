@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
-from urllib.parse import unquote, urlparse
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -13,44 +11,20 @@ from pyspark.sql.types import StringType, StructField, StructType
 
 from spark_jobs.delta_merge.files import LiveFile
 from spark_jobs.delta_merge.partition_values import parse_partition_value
+from spark_jobs.delta_merge.snapshot import file_uri
 
 if TYPE_CHECKING:
     from spark_jobs.delta_merge.snapshot import TargetSnapshot
 
-__all__ = ["FILE_KEY_COLUMN", "file_key", "local_root", "scan_files", "spark_path"]
+__all__ = ["FILE_KEY_COLUMN", "file_key", "scan_files"]
 
 # Identifies the file a target row came from, in the form `file_key` gives for a LiveFile.
 FILE_KEY_COLUMN = "__merge_file"
 
 
-def local_root(table_uri: str) -> str:
-    """The table root as Hadoop wants it: a plain absolute path for local tables, the URI otherwise."""
-    parsed = urlparse(table_uri)
-    if parsed.scheme in ("", "file"):
-        path = unquote(parsed.path) if parsed.scheme == "file" else table_uri
-        return os.path.abspath(path)
-    return table_uri.rstrip("/")
-
-
-def spark_path(table_uri: str, add_path: str) -> str:
-    """The path Spark reads for an ``add.path``.
-
-    ``add.path`` is percent-encoded; Hadoop's ``Path(String)`` does not decode, so decode exactly once.
-    """
-    if "://" in add_path or add_path.startswith("file:"):
-        parsed = urlparse(add_path)
-        if parsed.scheme == "file":
-            return "file://" + unquote(parsed.path)
-        return unquote(add_path)
-    root = local_root(table_uri)
-    if "://" in root:
-        return f"{root}/{unquote(add_path)}"
-    return "file://" + os.path.join(root, unquote(add_path))
-
-
-def file_key(table_uri: str, add_path: str) -> str:
+def file_key(snapshot: TargetSnapshot, live_file: LiveFile) -> str:
     """A scheme-less, decoded absolute path: the same string `_file_key_column` computes in Spark."""
-    path = spark_path(table_uri, add_path)
+    path = file_uri(snapshot, live_file)
     without_scheme = path.split(":", 1)[1] if "://" in path else path
     return "/" + without_scheme.lstrip("/")
 
@@ -76,7 +50,7 @@ def scan_files(
     out_fields = list(schema.fields) + ([StructField(FILE_KEY_COLUMN, StringType())] if with_file_key else [])
     if not files:
         return spark.createDataFrame([], StructType(out_fields))
-    paths = [spark_path(snapshot.table_uri, f.path) for f in files]
+    paths = [file_uri(snapshot, f) for f in files]
     df = spark.read.schema(data_schema).parquet(*paths)
     if with_file_key or partition_columns:
         df = df.withColumn(FILE_KEY_COLUMN, _file_key_column())
@@ -87,7 +61,7 @@ def scan_files(
         )
         part_rows = [
             (
-                file_key(snapshot.table_uri, f.path),
+                file_key(snapshot, f),
                 *[parse_partition_value(f.partition_values.get(c), schema[c].dataType)
                   for c in partition_columns],
             )
