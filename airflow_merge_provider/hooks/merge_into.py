@@ -20,7 +20,7 @@ from airflow.sdk.exceptions import AirflowNotFoundException
 from airflow_merge_provider.errors import MergeArgumentError
 from spark_jobs.delta_merge.__main__ import METRICS_PREFIX
 
-__all__ = ["JobFailure", "MergeSubmitHook", "job_arguments"]
+__all__ = ["JobFailure", "MergeSubmitHook", "job_arguments", "kubernetes_provider_installed"]
 
 # The job's last stderr line on failure: "MERGE failed: <ErrorClass>: <message>".
 _FAILURE = re.compile(r"MERGE failed: (?P<kind>[A-Za-z_][A-Za-z0-9_]*): ?(?P<message>.*)$")
@@ -89,6 +89,7 @@ class MergeSubmitHook(SparkSubmitHook):
                 '\'yarn\'). Define it, e.g. AIRFLOW_CONN_SPARK_LOCAL=\'{"conn_type": "spark", "host": '
                 '"local[*]"}\', and pass its id.'
             ) from error
+        _check_kubernetes_support(conn_id, str(connection.conn_type or ""), str(connection.host or ""))
         conf = {key: str(value) for key, value in (spark_conf or {}).items()}
         if detached:
             conf.setdefault("spark.yarn.submit.waitAppCompletion", "false")
@@ -172,6 +173,23 @@ class MergeSubmitHook(SparkSubmitHook):
             except OSError as error:
                 raise self._not_runnable(error) from error
         return process.pid
+
+
+def kubernetes_provider_installed() -> bool:
+    """Whether the cncf.kubernetes provider is installed: the Spark hook needs it for ``k8s://`` masters."""
+    import importlib.util
+
+    return importlib.util.find_spec("airflow.providers.cncf.kubernetes") is not None
+
+
+def _check_kubernetes_support(conn_id: str, conn_type: str, host: str) -> None:
+    # Without the provider the parent hook fails with a bare NameError on kube_client.
+    kubernetes = conn_type == "k8s" or host.startswith("k8s://")
+    if kubernetes and not kubernetes_provider_installed():
+        raise MergeArgumentError(
+            f"Spark connection {conn_id!r} has a Kubernetes master ({host}), which needs the cncf.kubernetes "
+            "provider on the Airflow worker: pip install 'airflow-merge-provider[kubernetes]'."
+        )
 
 
 @contextmanager

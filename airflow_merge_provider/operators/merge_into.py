@@ -83,7 +83,8 @@ class MergeIntoOperator(BaseOperator):
     :param env_vars: environment of spark-submit; on a ``local`` master ``PYSPARK_PYTHON`` and
         ``PYSPARK_DRIVER_PYTHON`` default to the worker's Python, which has the job's dependencies.
     :param spark_binary: the spark-submit command (default: the connection's, else ``spark-submit``).
-    :param app_id: override the idempotency key's application id.
+    :param app_id: override the idempotency key's application id (templated: ``"accounts.{{ ds }}"``
+        makes the merge apply once per logical date, whichever run or clear runs it).
     :param app_version: override the idempotency key's version (default: the DAG run's clear number).
     :param wait_for_completion: wait for the merge (default). False: start spark-submit and return its
         ``appId``/``appVersion`` at once (fire and forget; wait with MergeCommitSensor). The task then
@@ -92,7 +93,7 @@ class MergeIntoOperator(BaseOperator):
 
     template_fields: Sequence[str] = (
         "target", "source", "merge_sql", "condition", "when_matched", "when_not_matched",
-        "when_not_matched_by_source", "options", "spark_conf",
+        "when_not_matched_by_source", "options", "spark_conf", "app_id",
     )  # fmt: skip
     template_ext: Sequence[str] = (".sql",)
     template_fields_renderers: ClassVar[dict[str, str]] = {

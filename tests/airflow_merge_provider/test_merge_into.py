@@ -146,6 +146,19 @@ def test_app_id_and_version_can_be_overridden(tmp_path: Path, make_context: Cont
     assert (spec.run.app_id, spec.run.app_version) == ("nightly-accounts", 20240102)
 
 
+def test_a_templated_app_id_keys_the_merge_on_the_logical_date(
+    tmp_path: Path, make_context: ContextFactory
+) -> None:
+    first_run, cleared_run = make_context(clear_number=0), make_context(clear_number=4, run_id="manual__x")
+    specs = []
+    for context in (first_run, cleared_run):
+        op = _operator(tmp_path, app_id="accounts.{{ ds }}", app_version=1)
+        op.render_template_fields(context)
+        specs.append(op.build_spec(context).run)
+    # Every run of the date, cleared or not, carries the same key: the log applies it once.
+    assert [(run.app_id, run.app_version) for run in specs] == [("accounts.2024-01-02", 1)] * 2
+
+
 @pytest.mark.parametrize(
     ("kwargs", "field"),
     [
