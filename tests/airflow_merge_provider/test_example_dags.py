@@ -18,7 +18,7 @@ EXAMPLES = ROOT / "dags_examples"
 EXAMPLE_FILES = sorted(EXAMPLES.glob("*.py"))
 EXPECTED_DAGS = {
     "merge_upsert_daily", "merge_upsert_daily_report", "merge_cdc_apply", "merge_metrics_branching",
-    "merge_fire_and_forget",
+    "merge_fire_and_forget", "merge_examples_seed",
 }  # fmt: skip
 
 
