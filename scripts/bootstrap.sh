@@ -112,6 +112,31 @@ amp_check_java() {
     "Install a JDK 17+ (e.g. apt-get install openjdk-17-jre-headless) and put it on PATH or set JAVA_HOME.$hint"
 }
 
+# Runs "$@" with its output (stdout and stderr) on stderr, and returns its exit status. Whenever the output
+# has been quiet for AMP_WATCH_SECONDS (15), prints "bootstrap: still <$1> (<n>s so far)": venv's
+# --upgrade-deps prints nothing, and pip prints nothing while it builds pyspark's sdist (~30 s) or unpacks
+# and compiles ~200 packages after "Installing collected packages" (over a minute on 2 cores).
+amp_watch() {
+  local what=$1
+  shift
+  "$@" 2>&1 | {
+    local line partial="" started=$SECONDS
+    while :; do
+      if IFS= read -r -t "${AMP_WATCH_SECONDS:-15}" line; then
+        printf '%s%s\n' "$partial" "$line" >&2
+        partial=""
+      elif (($? > 128)); then # timed out; read keeps any partial line in $line
+        partial+=$line
+        printf 'bootstrap: still %s (%ds so far)\n' "$what" $((SECONDS - started)) >&2
+      else
+        break
+      fi
+    done
+    [[ -z $partial$line ]] || printf '%s%s\n' "$partial" "$line" >&2 # a last line without a newline
+  }
+  return "${PIPESTATUS[0]}"
+}
+
 # Sets AMP_VENV_PYTHON, creating .venv from a Python 3.10+ when there is no usable one.
 amp_ensure_venv() {
   local venv=$AMP_REPO_ROOT/.venv probe
@@ -127,7 +152,8 @@ amp_ensure_venv() {
   fi
   amp_find_python
   printf 'bootstrap: creating %s with %s\n' "$venv" "$AMP_PYTHON" >&2
-  "$AMP_PYTHON" -m venv --upgrade-deps "$venv" || amp_die "could not create $venv with $AMP_PYTHON"
+  amp_watch "creating $venv" "$AMP_PYTHON" -m venv --upgrade-deps "$venv" ||
+    amp_die "could not create $venv with $AMP_PYTHON"
   AMP_VENV_PYTHON=$venv/bin/python
 }
 
@@ -140,8 +166,15 @@ amp_install() {
     return 0
   fi
   printf "bootstrap: installing the project into .venv (pip install -e '.[dev]'; the first time takes a few minutes)\n" >&2
-  (cd "$AMP_REPO_ROOT" && "$AMP_VENV_PYTHON" -m pip install --disable-pip-version-check --quiet -e '.[dev]') ||
+  # Not --quiet: on a fresh machine this downloads ~430 MB, and pip's Collecting/Downloading/Installing lines
+  # are the only sign of progress. --progress-bar off: pip's bars draw nothing useful into a pipe or CI log.
+  # The -W filter drops setuptools' informational "Editable installation." banner (about shadowing folders in
+  # the working directory), which pip re-raises as a warning on every editable install; errors still show.
+  (cd "$AMP_REPO_ROOT" && amp_watch "installing the project into .venv" \
+    "$AMP_VENV_PYTHON" -W 'ignore:Editable installation:UserWarning' -m pip install \
+    --disable-pip-version-check --progress-bar off -e '.[dev]') ||
     amp_die "pip install -e '.[dev]' failed (see pip's output above)"
+  printf 'bootstrap: installed the project into .venv\n' >&2
   printf '%s\n' "$stamp" >"$stamp_file"
 }
 
