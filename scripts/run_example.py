@@ -202,6 +202,7 @@ def run_with_airflow_dag(demo: Demo) -> Metrics:
     code, _ = _stream([airflow, "dags", "test", EXAMPLE_DAG_ID, LOGICAL_DATE], env)
     if code != 0:
         raise ExampleError(f"airflow dags test exited with code {code} (its output is above)")
+    print("reading the task's metrics from XCom ...", flush=True)
     read = subprocess.run([sys.executable, "-c", _READ_XCOM], env=env, capture_output=True, text=True)
     value = json.loads(read.stdout.strip().splitlines()[-1]) if read.returncode == 0 and read.stdout else None
     if not isinstance(value, dict):
