@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, cast
@@ -201,34 +201,44 @@ class AirflowHome(SimpleNamespace):
         return json.loads(line.removeprefix("RESULT="))
 
 
-@pytest.fixture(scope="session")
-def airflow_home(tmp_path_factory: pytest.TempPathFactory) -> AirflowHome:
-    """``airflow db migrate`` on SQLite in a temp AIRFLOW_HOME (once), the example DAGs plus RETRY_DAG in
-    its dags folder, ``spark_local`` as a local[2] master, and a data dir for the examples' tables."""
+def make_airflow_home(
+    root: Path, *, spark_conn_id: str = "spark_local", spark_conn: str = LOCAL_CONN,
+    env: Mapping[str, str] | None = None,
+) -> AirflowHome:
+    """``airflow db migrate`` on SQLite in ``root`` (about 6 s), the example DAGs plus RETRY_DAG in its dags
+    folder, a data dir for the examples' tables, and the examples' Spark connection ``spark_conn_id``
+    defined as ``spark_conn`` (a JSON connection); ``env`` adds to the environment of every command."""
     import shutil
 
-    root = tmp_path_factory.mktemp("airflow")
     dags, data = root / "dags", root / "data"
-    dags.mkdir()
+    dags.mkdir(parents=True)
     data.mkdir()
     for path in EXAMPLES.glob("*.py"):
         shutil.copy(path, dags / path.name)
     (dags / "merge_retry_after_commit.py").write_text(RETRY_DAG, encoding="utf-8")
     bin_dir = str(Path(sys.executable).parent)
-    env = {
+    full_env = {
         **os.environ,
         "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
         "AIRFLOW_HOME": str(root / "home"),
         "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "false",
         "AIRFLOW__CORE__UNIT_TEST_MODE": "false",
-        "AIRFLOW_CONN_SPARK_LOCAL": LOCAL_CONN,
+        f"AIRFLOW_CONN_{spark_conn_id.upper()}": spark_conn,
         "MERGE_EXAMPLES_DATA_DIR": str(data),
-        "MERGE_EXAMPLES_SPARK_CONN_ID": "spark_local",
+        "MERGE_EXAMPLES_SPARK_CONN_ID": spark_conn_id,
         "PYSPARK_PYTHON": sys.executable,
         "PYSPARK_DRIVER_PYTHON": sys.executable,
+        **(env or {}),
     }
-    home = AirflowHome(env=env, data=data, dags=dags)
+    home = AirflowHome(env=full_env, data=data, dags=dags)
     migrated = home.run("db", "migrate", timeout=600)
     assert migrated.returncode == 0, migrated.stderr[-3000:]
     return home
+
+
+@pytest.fixture(scope="session")
+def airflow_home(tmp_path_factory: pytest.TempPathFactory) -> AirflowHome:
+    """An Airflow home (:func:`make_airflow_home`) whose ``spark_local`` connection is a local[2] master,
+    migrated once per test session."""
+    return make_airflow_home(tmp_path_factory.mktemp("airflow"))

@@ -7,13 +7,9 @@ durable storage level (Delta's runWithMaterializedSourceLostRetries), committing
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import signal
-import socket
-import subprocess
-import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -21,7 +17,6 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-import pyspark
 import pytest
 from deltalake import write_deltalake
 
@@ -29,7 +24,8 @@ from spark_jobs.delta_merge import executor, run_merge
 from spark_jobs.delta_merge.errors import MergeExecutionError
 from spark_jobs.delta_merge.source import MATERIALIZE_MAX_ATTEMPTS, storage_level_for_attempt
 from tests.delta_reader import read_rows, table_version
-from tests.spark_jobs.submit_harness import PYTHON, ROOT, Submitted, progress_line, submit_env
+from tests.spark_jobs.submit_harness import Submitted, progress_line
+from tests.standalone_cluster import StandaloneCluster
 
 KV = pa.schema([("id", pa.int64()), ("v", pa.int64()), ("v2", pa.int64())])
 UPSERT = """MERGE INTO t USING s ON t.id = s.id
@@ -269,97 +265,34 @@ def test_other_failures_are_not_retried(
 
 
 # -- (c) on a real standalone cluster: an executor dies after the source was materialized ---------------
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def _daemon(log: Path, *args: str) -> subprocess.Popen[bytes]:
-    spark_class = Path(pyspark.__file__).parent / "bin" / "spark-class"
-    env = {**submit_env(), "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_DAEMON_MEMORY": "256m",
-           "SPARK_DAEMON_JAVA_OPTS": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"}
-    with log.open("wb") as out:
-        return subprocess.Popen([str(spark_class), *args], env=env, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-
-
-def _wait_for(log: Path, text: str, *, timeout: float = 90) -> None:
-    deadline = time.monotonic() + timeout
-    while text not in log.read_text(encoding="utf-8", errors="replace"):
-        assert time.monotonic() < deadline, log.read_text(encoding="utf-8", errors="replace")[-3000:]
-        time.sleep(0.2)
-
-
-def _executor_pids(worker_pid: int) -> list[int]:
-    """Executor JVMs the worker launched (its descendants running CoarseGrainedExecutorBackend)."""
-    parents: dict[int, int] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-    found, frontier = [], [worker_pid]
-    while frontier:
-        parent = frontier.pop()
-        for pid in [p for p, pp in parents.items() if pp == parent]:
-            frontier.append(pid)
-            with contextlib.suppress(OSError):
-                if b"CoarseGrainedExecutorBackend" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                    found.append(pid)
-    return found
-
-
-def _kill_group(process: subprocess.Popen[bytes]) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGKILL)
-    process.wait(timeout=60)
-
-
 @pytest.mark.spark
 @pytest.mark.integration
 @pytest.mark.timeout(300)
 def test_executor_lost_on_a_standalone_cluster_reruns_the_merge(target: Path, tmp_path: Path) -> None:
-    port = _free_port()
-    master_url = f"spark://127.0.0.1:{port}"
-    master = _daemon(tmp_path / "master.log", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                     "--port", str(port), "--webui-port", str(_free_port()))
-    workers: list[subprocess.Popen[bytes]] = []
+    ids = tmp_path / "ids"
+    ids.mkdir()
+    pq.write_table(pa.table({"id": pa.array(range(0, 10, 2), pa.int64())}), ids / "part-0.parquet")
+    # Four partitions: the materialized blocks spread over both executors.
+    query = f"SELECT /*+ REPARTITION(4) */ id, 100 + id AS v, 100 + id AS v2 FROM parquet.`{ids}`"
+    spec = {"target": {"uri": str(target)}, "source": {"query": query}, "merge_sql": UPSERT}
     job: Submitted | None = None
-    try:
-        _wait_for(tmp_path / "master.log", "I have been elected leader")
-        for n in range(2):
-            workers.append(_daemon(
-                tmp_path / f"worker-{n}.log", "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
-                "--cores", "1", "--memory", "1g", "--webui-port", str(_free_port()),
-                "--work-dir", str(tmp_path / f"work-{n}"), master_url))
-        for n in range(2):
-            _wait_for(tmp_path / f"worker-{n}.log", "Successfully registered with master")
-        ids = tmp_path / "ids"
-        ids.mkdir()
-        pq.write_table(pa.table({"id": pa.array(range(0, 10, 2), pa.int64())}), ids / "part-0.parquet")
-        # Four partitions: the materialized blocks spread over both executors.
-        query = f"SELECT /*+ REPARTITION(4) */ id, 100 + id AS v, 100 + id AS v2 FROM parquet.`{ids}`"
-        spec = {"target": {"uri": str(target)}, "source": {"query": query}, "merge_sql": UPSERT}
-        job = Submitted(spec, tmp_path / "spec.json", master=master_url, confs={
-            "spark.driver.host": "127.0.0.1",
-            "spark.executor.cores": "1", "spark.cores.max": "2", "spark.executor.memory": "512m",
-            "spark.executor.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
-            "spark.executorEnv.PYTHONPATH": str(ROOT), "spark.pyspark.python": str(PYTHON),
-            # Start only once both executors are up; fail a task's job fast once its block is gone.
-            "spark.scheduler.minRegisteredResourcesRatio": "1.0",
-            "spark.scheduler.maxRegisteredResourcesWaitingTime": "120s",
-            "spark.task.maxFailures": "2", "spark.locality.wait": "0",
-        })
-        assert job.wait_for_line(progress_line("source prepared"), timeout=240) is not None, job.tail()
-        executors = _executor_pids(workers[0].pid)
-        assert len(executors) == 1, executors
-        os.kill(executors[0], signal.SIGKILL)  # its block manager, and the source blocks it held, are gone
+    with StandaloneCluster(tmp_path / "cluster") as cluster:
+        try:
+            job = Submitted(spec, tmp_path / "spec.json", master=cluster.master_url, confs={
+                **cluster.application_confs(wait_for_executors=2),
+                # Fail a task's job fast once its block is gone.
+                "spark.task.maxFailures": "2", "spark.locality.wait": "0",
+            })
+            assert job.wait_for_line(progress_line("source prepared"), timeout=240) is not None, job.tail()
+            executors = cluster.workers[0].executor_pids()
+            assert len(executors) == 1, executors
+            # Its block manager, and the source blocks it held, are gone.
+            os.kill(executors[0], signal.SIGKILL)
 
-        code = job.wait(timeout=240)
-    finally:
-        if job is not None and job.process.poll() is None:
-            job.kill()
-        for process in [*workers, master]:
-            _kill_group(process)
+            code = job.wait(timeout=240)
+        finally:
+            if job is not None and job.process.poll() is None:
+                job.kill()
 
     assert code == 0, job.tail(80)
     progress = job.progress()
