@@ -10,7 +10,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from tests.airflow_merge_provider.conftest import EXAMPLES, AirflowHome
+from tests.airflow_merge_provider.conftest import EXAMPLES, AirflowHome, make_airflow_home
 from tests.delta_reader import read_rows
 
 pytestmark = pytest.mark.integration
@@ -45,14 +45,10 @@ def _run(home: AirflowHome, dag_id: str, logical_date: str) -> None:
 
 
 @pytest.fixture
-def seed_home(airflow_home: AirflowHome, tmp_path: Path) -> AirflowHome:
-    """The session's Airflow with a data dir of its own: the seed writes the same accounts table that
-    test_integration's upsert test writes itself."""
-    data = tmp_path / "tables"
-    data.mkdir()
-    return AirflowHome(
-        env={**airflow_home.env, "MERGE_EXAMPLES_DATA_DIR": str(data)}, data=data, dags=airflow_home.dags
-    )
+def seed_home(tmp_path: Path) -> AirflowHome:
+    """An Airflow of its own: the seed writes the accounts table that test_integration's upsert test writes
+    itself, and the upsert run here must not add a second XCom to that test's metadata DB."""
+    return make_airflow_home(tmp_path / "airflow")
 
 
 @pytest.fixture(scope="module")
