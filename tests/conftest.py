@@ -1,4 +1,4 @@
-"""Shared fixtures: one local SparkSession for the whole test session, temp table roots."""
+"""Shared fixtures: one local SparkSession and one standalone cluster per test session, temp table roots."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ if str(ROOT) not in sys.path:
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+    from tests.standalone_cluster import StandaloneCluster
 
 
 def _spark_builder() -> Any:
@@ -43,6 +45,16 @@ def spark() -> Iterator[SparkSession]:
     session.sparkContext.setLogLevel("WARN")
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def standalone_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneCluster]:
+    """One Spark standalone master with two workers for the test session's cluster tests (three JVM
+    daemons: started once). A test that kills a worker starts a replacement before it returns."""
+    from tests.standalone_cluster import StandaloneCluster
+
+    with StandaloneCluster(tmp_path_factory.mktemp("standalone")) as cluster:
+        yield cluster
 
 
 @pytest.fixture

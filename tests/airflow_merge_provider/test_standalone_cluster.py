@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,12 +29,6 @@ pytestmark = [pytest.mark.spark, pytest.mark.integration]
 
 DATE = "2024-06-01"
 ACCOUNTS = pa.schema([("id", pa.int64()), ("name", pa.string()), ("balance", pa.float64())])
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneCluster]:
-    with StandaloneCluster(tmp_path_factory.mktemp("standalone")) as started:
-        yield started
 
 
 def _accounts(ids: range | list[int], *, balance: float) -> pa.Table:
@@ -83,8 +76,9 @@ def _tasks_by_executor(events: list[dict[str, Any]]) -> Counter[str]:
 
 @pytest.mark.timeout(300)
 def test_upsert_example_dag_runs_on_executors_of_both_workers(
-    cluster: StandaloneCluster, tmp_path: Path
+    standalone_cluster: StandaloneCluster, tmp_path: Path
 ) -> None:
+    cluster = standalone_cluster
     events = tmp_path / "spark-events"
     events.mkdir()
     # The operator passes no conf of its own here, so the cluster's settings reach spark-submit through
@@ -160,8 +154,9 @@ def _stop_and_keep_output(job: Submitted, log: Path) -> None:
 
 @pytest.mark.timeout(420)
 def test_worker_killed_mid_merge_then_a_rerun_leaves_the_one_application_result(
-    cluster: StandaloneCluster, tmp_path: Path
+    standalone_cluster: StandaloneCluster, tmp_path: Path
 ) -> None:
+    cluster = standalone_cluster
     target = tmp_path / "accounts"
     per_file = TARGET_ROWS // TARGET_FILES
     for start in range(0, TARGET_ROWS, per_file):
@@ -206,7 +201,7 @@ def test_worker_killed_mid_merge_then_a_rerun_leaves_the_one_application_result(
         difference = _differences(_rows(read_table(target)), before)
     assert not difference, f"{path}: {difference}"
 
-    # A fresh worker, so that the rerun has the cluster's two executors (and the module's cluster is whole).
+    # A fresh worker, so that the rerun has the cluster's two executors (and the session's cluster is whole).
     cluster.start_worker()
     rerun = Submitted(spec, tmp_path / "rerun.json", master=cluster.master_url, confs=confs)
     try:

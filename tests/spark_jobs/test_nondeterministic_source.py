@@ -268,7 +268,9 @@ def test_other_failures_are_not_retried(
 @pytest.mark.spark
 @pytest.mark.integration
 @pytest.mark.timeout(300)
-def test_executor_lost_on_a_standalone_cluster_reruns_the_merge(target: Path, tmp_path: Path) -> None:
+def test_executor_lost_on_a_standalone_cluster_reruns_the_merge(
+    target: Path, tmp_path: Path, standalone_cluster: StandaloneCluster
+) -> None:
     ids = tmp_path / "ids"
     ids.mkdir()
     pq.write_table(pa.table({"id": pa.array(range(0, 10, 2), pa.int64())}), ids / "part-0.parquet")
@@ -276,23 +278,23 @@ def test_executor_lost_on_a_standalone_cluster_reruns_the_merge(target: Path, tm
     query = f"SELECT /*+ REPARTITION(4) */ id, 100 + id AS v, 100 + id AS v2 FROM parquet.`{ids}`"
     spec = {"target": {"uri": str(target)}, "source": {"query": query}, "merge_sql": UPSERT}
     job: Submitted | None = None
-    with StandaloneCluster(tmp_path / "cluster") as cluster:
-        try:
-            job = Submitted(spec, tmp_path / "spec.json", master=cluster.master_url, confs={
-                **cluster.application_confs(wait_for_executors=2),
-                # Fail a task's job fast once its block is gone.
-                "spark.task.maxFailures": "2", "spark.locality.wait": "0",
-            })
-            assert job.wait_for_line(progress_line("source prepared"), timeout=240) is not None, job.tail()
-            executors = cluster.workers[0].executor_pids()
-            assert len(executors) == 1, executors
-            # Its block manager, and the source blocks it held, are gone.
-            os.kill(executors[0], signal.SIGKILL)
+    cluster = standalone_cluster
+    try:
+        job = Submitted(spec, tmp_path / "spec.json", master=cluster.master_url, confs={
+            **cluster.application_confs(wait_for_executors=2),
+            # Fail a task's job fast once its block is gone.
+            "spark.task.maxFailures": "2", "spark.locality.wait": "0",
+        })
+        assert job.wait_for_line(progress_line("source prepared"), timeout=240) is not None, job.tail()
+        executors = cluster.workers[0].executor_pids()
+        assert len(executors) == 1, executors
+        # Its block manager, and the source blocks it held, are gone (the worker starts a new executor).
+        os.kill(executors[0], signal.SIGKILL)
 
-            code = job.wait(timeout=240)
-        finally:
-            if job is not None and job.process.poll() is None:
-                job.kill()
+        code = job.wait(timeout=240)
+    finally:
+        if job is not None and job.process.poll() is None:
+            job.kill()
 
     assert code == 0, job.tail(80)
     progress = job.progress()
