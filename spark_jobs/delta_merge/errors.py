@@ -4,6 +4,7 @@ from __future__ import annotations
 
 __all__ = [
     "ConcurrentModificationError",
+    "CastFailureError",
     "ConstraintViolationError",
     "ExpectationFailedError",
     "MergeAnalysisError",
@@ -16,7 +17,25 @@ __all__ = [
 
 
 class MergeJobError(Exception):
-    """Root of every error the merge job raises on purpose."""
+    """Root of every error the merge job raises on purpose.
+
+    :param error_class: Delta's (or Spark's) error class for the condition, e.g.
+        ``DELTA_MULTIPLE_SOURCE_ROW_MATCHING_TARGET_ROW_IN_MERGE``, so that users can search for it. The
+        message then starts with ``[ERROR_CLASS]`` as Delta's and Spark's messages do.
+    """
+
+    def __init__(self, message: str, *, error_class: str | None = None) -> None:
+        self.error_class = error_class
+        self.bare_message = message
+        super().__init__(f"[{error_class}] {message}" if error_class else message)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Keyword-only error_class survives pickling (Spark ships exceptions between processes).
+        return (_rebuild, (type(self), self.bare_message, self.error_class))
+
+
+def _rebuild(kind: type[MergeJobError], message: str, error_class: str | None) -> MergeJobError:
+    return kind(message, error_class=error_class)
 
 
 class MergeSpecError(MergeJobError, ValueError):
@@ -43,6 +62,13 @@ class ConstraintViolationError(MergeJobError):
 
     The message is Delta's, naming the constraint and the values of a sample offending row; nothing
     was committed.
+    """
+
+
+class CastFailureError(MergeJobError):
+    """A value the merge would write cannot be stored in its column (invalid input for the cast, overflow).
+
+    Raised before commit; the message names the column. The data decides it, so a retry fails the same way.
     """
 
 
