@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 __all__ = [
-    "ConcurrentModificationError",
     "CastFailureError",
+    "ConcurrentModificationError",
     "ConstraintViolationError",
     "ExpectationFailedError",
     "MergeAnalysisError",

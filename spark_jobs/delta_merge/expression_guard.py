@@ -266,12 +266,13 @@ def _check_self_contained(node: exp.Expr, *, field: str, where: str) -> None:
     if query is None:
         return
     message = f"{field}: Subqueries are not supported in the {where}."
+    subquery_class = "DELTA_UNSUPPORTED_SUBQUERY"
     table = query if isinstance(query, exp.Table) else next(query.find_all(exp.Table), None)
     if table is not None:
         name = ".".join(f"`{part.name}`" for part in table.parts)
         # A merge alias names a row, not a relation, so Spark's analyzer reports the relation as missing.
         message += f" The subquery reads {name}: The table or view {name} cannot be found."
-    raise MergeSpecError(message)
+    raise MergeSpecError(message, error_class=subquery_class)
 
 
 def _calls(node: exp.Expr) -> list[tuple[exp.Expr, str]]:
@@ -319,7 +320,10 @@ def _check_functions(node: exp.Expr, *, field: str, where: str, condition: bool)
             )
     if condition and any(name in _NONDETERMINISTIC_FUNCTIONS for _, name in calls):
         # Delta's wording. Values may be non-deterministic (Delta allows it); conditions may not.
-        raise MergeSpecError(f"{field}: Non-deterministic functions are not supported in the {where}.")
+        raise MergeSpecError(
+            f"{field}: Non-deterministic functions are not supported in the {where}.",
+            error_class="DELTA_NON_DETERMINISTIC_FUNCTION_NOT_SUPPORTED",
+        )
     for _, name in calls:
         if name in _FILE_FUNCTIONS:
             raise MergeSpecError(
@@ -347,7 +351,8 @@ def _check_row_level(node: exp.Expr, *, field: str, where: str, condition: bool)
     listed = ", ".join(f'"{text}"' for text in invalid)
     if aggregates and condition:
         raise MergeSpecError(
-            f"{field}: Aggregate functions are not supported in the {where}. Invalid expressions: [{listed}]"
+            f"{field}: Aggregate functions are not supported in the {where}. Invalid expressions: [{listed}]",
+            error_class="DELTA_AGGREGATION_NOT_SUPPORTED",
         )
     raise MergeSpecError(
         f"{field}: expected an expression evaluated per merged row, found window, aggregate or generator "

@@ -1,314 +1,456 @@
-"""MERGE INTO text, or the structural form's parts, to a ParsedMerge; and Delta's rules on the result."""
+"""MERGE INTO text to a ParsedMerge, following Spark SQL's grammar and consuming every token.
+
+Spark's grammar (SqlBaseParser.g4, ``mergeIntoTable``) is small and fixed, so it is followed here by hand over
+sqlglot's tokens: no general-purpose SQL parser in Python implements it without accepting and silently
+dropping text it does not understand (a Postgres ``UPDATE SET ... WHERE``, a ``RETURNING``). Each expression
+(ON, clause conditions, values) is an exact slice of the statement, checked by sqlglot to be exactly one
+expression; the job runs those slices and checks them against Spark's own parse of the whole statement.
+"""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import sqlglot
-from sqlglot import TokenType, exp
+from sqlglot import Token, TokenType, exp
 from sqlglot.errors import SqlglotError
 
 from spark_jobs.delta_merge.errors import MergeSpecError
-from spark_jobs.delta_merge.expression_guard import (
-    ClauseAction,
-    check_expression,
-    normalize_expression,
-    render_expression,
-    syntax_error,
-    tokenize_checked,
-)
-from spark_jobs.delta_merge.spec import (
-    ActionKind,
+from spark_jobs.delta_merge.expression_guard import parse_expression, tokenize_checked
+from spark_jobs.delta_merge.merge_rules import ErrorFields, strip_target_alias
+from spark_jobs.delta_merge.parsed_merge import (
     Assignment,
     ClauseKind,
     MergeClause,
     ParsedMerge,
-    format_column_path,
 )
 
-__all__ = [
-    "check_parsed_merge",
-    "parse_merge_sql",
-    "parse_structural",
-    "strip_target_alias",
-]
+__all__ = ["SOURCE_VIEW", "parse_merge_sql"]
 
-_ALLOWED_ACTIONS: dict[ClauseKind, tuple[ActionKind, ...]] = {
-    "matched": ("update", "update_all", "delete"),
-    "not_matched": ("insert", "insert_all"),
-    # Delta's grammar has no UPDATE SET * here: there is no source row to take values from.
-    "not_matched_by_source": ("update", "delete"),
+# In a USING subquery or a CTE, this name stands for the spec's source (the job registers it as a view).
+SOURCE_VIEW = "source"
+_SYNTAX = "PARSE_SYNTAX_ERROR"
+_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Words that end a name or an alias: a clause keyword is never taken for an alias, as in Spark.
+_CLAUSE_WORDS = frozenset({"USING", "ON", "WHEN", "THEN", "AND", "MERGE", "INTO"})
+_KIND_ORDER: tuple[ClauseKind, ...] = ("matched", "not_matched", "not_matched_by_source")
+_KIND_TEXT = {
+    "matched": "WHEN MATCHED",
+    "not_matched": "WHEN NOT MATCHED",
+    "not_matched_by_source": "WHEN NOT MATCHED BY SOURCE",
 }
-_KIND_SQL: dict[ClauseKind, str] = {
-    "matched": "MATCHED",
-    "not_matched": "NOT MATCHED [BY TARGET]",
-    "not_matched_by_source": "NOT MATCHED BY SOURCE",
+# Text other dialects put where Spark has none of it: the hint says how Spark writes it.
+_NO_ROWS = (
+    "Spark's MERGE returns no rows (there is no RETURNING or OUTPUT clause); the merge's metrics are "
+    "returned to XCom"
+)
+_HINTS = {
+    "WHERE": "Spark's MERGE has no WHERE in a WHEN clause: write the condition as "
+    "WHEN MATCHED AND <condition> THEN ...",
+    "RETURNING": _NO_ROWS,
+    "OUTPUT": _NO_ROWS,
+    "VALUES": "Spark's INSERT needs the column list: INSERT (col, ...) VALUES (value, ...), or INSERT *",
+    "DO": "Spark's MERGE has no DO NOTHING: leave the clause out",
+    "IF": "Spark's MERGE has no IF: put the condition after WHEN MATCHED AND",
+    "SELECT": "a MERGE statement is one statement: the source query goes in USING (...) AS alias",
 }
-_ACTION_SQL: dict[ActionKind, tuple[str, ClauseAction]] = {
-    "update": ("UPDATE SET ...", "UPDATE"),
-    "update_all": ("UPDATE SET *", "UPDATE"),
-    "delete": ("DELETE", "DELETE"),
-    "insert": ("INSERT (...) VALUES (...)", "INSERT"),
-    "insert_all": ("INSERT *", "INSERT"),
-}
-
-
-def strip_target_alias(column: Sequence[str], target_alias: str) -> tuple[str, ...]:
-    """Drop a leading target alias (``t.addr.city`` -> ``addr.city``), as Spark resolves SET columns."""
-    if len(column) > 1 and column[0].lower() == target_alias.lower():
-        return tuple(column[1:])
-    return tuple(column)
-
-
-@dataclass(frozen=True)
-class _Fields:
-    """How errors name a part of the merge: by SQL position, or by the structural form's keys."""
-
-    sql: bool
-
-    def on(self) -> str:
-        return "merge_sql ON condition" if self.sql else "condition"
-
-    def clause(self, index: int) -> str:
-        return f"merge_sql WHEN clause {index + 1}" if self.sql else f"clauses[{index}]"
-
-    def condition(self, index: int) -> str:
-        return f"{self.clause(index)} condition" if self.sql else f"clauses[{index}].condition"
-
-    def value(self, index: int, action: ActionKind, column: Sequence[str]) -> str:
-        path = format_column_path(column)
-        if self.sql:
-            return f"{self.clause(index)} {'SET' if action == 'update' else 'INSERT'} {path}"
-        return f"clauses[{index}].{'set' if action == 'update' else 'values'}.{path}"
 
 
 def parse_merge_sql(merge_sql: str, *, field: str = "merge_sql") -> ParsedMerge:
-    """Parse one ``MERGE INTO target [AS] t USING source [AS] s ON ... WHEN ...`` statement.
+    """Parse one ``[WITH ...] MERGE [WITH SCHEMA EVOLUTION] INTO ... USING ... ON ... WHEN ...`` statement.
 
     The names after MERGE INTO and USING stand for the spec's target and source; their aliases (or, without
-    an alias, the names themselves) are what the expressions refer to.
+    an alias, the names themselves) are what the expressions refer to. USING may also be a subquery or
+    name a CTE of the statement's WITH: that query is the merge's source, and in it the name ``source``
+    stands for the spec's source.
+
+    :raises MergeSpecError: for any text Spark's grammar does not have at that place, quoting it.
     """
     if not isinstance(merge_sql, str) or not merge_sql.strip():
         raise MergeSpecError(f"{field}: expected a MERGE INTO statement, found {merge_sql!r}")
     tokens = tokenize_checked(merge_sql, field=field, allow_trailing_semicolon=True)
-    if tokens[0].token_type == TokenType.MERGE and all(t.token_type != TokenType.WHEN for t in tokens):
-        raise MergeSpecError(f"{field}: There must be at least one WHEN clause in a MERGE statement")
-    try:
-        statements = [s for s in sqlglot.parse(merge_sql, dialect="spark") if s is not None]
-    except SqlglotError as error:
-        raise syntax_error(field, error, expected="a Spark SQL MERGE INTO statement") from error
-    merge = statements[0] if len(statements) == 1 else None
-    if not isinstance(merge, exp.Merge):
-        found = merge.key.upper() if merge is not None else f"{len(statements)} statements"
-        raise MergeSpecError(f"{field}: expected a MERGE INTO statement, found {found}")
-    target_alias = _alias(merge.this, field=f"{field} MERGE INTO", role="target")
-    source_alias = _alias(merge.args.get("using"), field=f"{field} USING", role="source")
-    on = merge.args.get("on")
-    if not isinstance(on, exp.Expr):
-        raise MergeSpecError(f"{field}: expected an ON condition, found none")
-    fields = _Fields(sql=True)
-    whens = merge.args.get("whens")
-    clauses = tuple(
-        _sql_clause(when, index, target_alias=target_alias, fields=fields)
-        for index, when in enumerate(whens.expressions if whens is not None else [])
-    )
-    return ParsedMerge(
-        target_alias=target_alias,
-        source_alias=source_alias,
-        condition=_normalize_node(on, field=fields.on()),
-        clauses=clauses,
-    )
+    return _StatementParser(merge_sql, tokens, field=field).statement()
 
 
-def parse_structural(
-    *, target_alias: str, source_alias: str, condition: str, clauses: Sequence[MergeClause]
-) -> ParsedMerge:
-    """The structural form (clauses as data, expressions as text), normalized as merge_sql is."""
-    fields = _Fields(sql=False)
-    parsed = []
-    for index, clause in enumerate(clauses):
-        assignments = tuple(
-            Assignment(
-                column=strip_target_alias(a.column, target_alias),
-                value=normalize_expression(a.value, field=fields.value(index, clause.action, a.column)),
-            )
-            for a in clause.assignments
+class _StatementParser:
+    """A cursor over the statement's tokens, with one method per rule of Spark's mergeIntoTable."""
+
+    def __init__(self, sql: str, tokens: Sequence[Token], *, field: str) -> None:
+        self.sql = sql
+        self.tokens = list(tokens)
+        if self.tokens and self.tokens[-1].token_type == TokenType.SEMICOLON:
+            self.tokens.pop()  # one trailing ';' ends the statement, as Spark allows
+        self.field = field
+        self.fields = ErrorFields(sql=True)
+        self.i = 0
+        self.target_alias = ""
+
+    # -- the rules ---------------------------------------------------------------------------------------
+
+    def statement(self) -> ParsedMerge:
+        ctes, with_text = self._with_clause()
+        self._expect("MERGE", "a MERGE INTO statement")
+        schema_evolution = False
+        if self._at("WITH"):
+            self.i += 1
+            self._expect("SCHEMA", "SCHEMA EVOLUTION after MERGE WITH")
+            self._expect("EVOLUTION", "EVOLUTION after MERGE WITH SCHEMA")
+            schema_evolution = True
+        self._expect("INTO", "INTO after MERGE")
+        target = self._name("the target table's name after MERGE INTO")
+        target_alias = self._alias("the target") or target[-1]
+        self.target_alias = target_alias
+        self._expect("USING", "USING <source> after the target")
+        source_query, source_alias = self._source(ctes, with_text)
+        self._expect("ON", "ON <merge condition> after the source")
+        condition = self._expression(
+            "the ON condition", stops={"WHEN"}, followed_by="WHEN MATCHED or WHEN NOT MATCHED"
         )
-        clause_condition = clause.condition
-        if clause_condition is not None:
-            clause_condition = normalize_expression(clause_condition, field=fields.condition(index))
-        parsed.append(MergeClause(clause.when, clause.action, clause_condition, assignments))
-    return ParsedMerge(
-        target_alias=target_alias,
-        source_alias=source_alias,
-        condition=normalize_expression(condition, field=fields.on()),
-        clauses=tuple(parsed),
-    )
-
-
-def check_parsed_merge(parsed: ParsedMerge, *, sql_form: bool) -> None:
-    """Delta's rules for a MERGE statement, then the expression guard on every expression.
-
-    :param sql_form: whether the merge came from ``merge_sql`` (errors then name SQL positions).
-    :raises MergeSpecError: with Delta's wording where Delta has one.
-    """
-    fields = _Fields(sql=sql_form)
-    field = "merge_sql" if sql_form else "clauses"
-    if parsed.target_alias.lower() == parsed.source_alias.lower():
-        raise MergeSpecError(
-            f"{'merge_sql' if sql_form else 'target_alias'}: expected different aliases for the target and "
-            f"the source, found {parsed.target_alias!r} for both"
-        )
-    if not parsed.clauses:
-        raise MergeSpecError(f"{field}: There must be at least one WHEN clause in a MERGE statement")
-    for index, clause in enumerate(parsed.clauses):
-        allowed = _ALLOWED_ACTIONS[clause.when]
-        if clause.action not in allowed:
+        clauses: list[MergeClause] = []
+        while self._at("WHEN"):
+            clauses.append(self._clause(len(clauses)))
+        if not clauses and self.i == len(self.tokens):
             raise MergeSpecError(
-                f"{fields.clause(index)}: expected one of {', '.join(allowed)} in a WHEN "
-                f"{_KIND_SQL[clause.when]} clause, found {clause.action} ({_ACTION_SQL[clause.action][0]})"
+                f"{self.field}: There must be at least one WHEN clause in a MERGE statement.",
+                error_class="DELTA_MERGE_MISSING_WHEN",
             )
-    _check_clause_order(parsed, field=field)
-    for index, clause in enumerate(parsed.clauses):
-        _check_assignments(clause, field=fields.clause(index))
-    check_expression(parsed.condition, field=fields.on(), context="search condition")
-    for index, clause in enumerate(parsed.clauses):
-        if clause.condition is not None:
-            check_expression(
-                clause.condition,
-                field=fields.condition(index),
-                context="clause condition",
-                action=_ACTION_SQL[clause.action][1],
-            )
-        for a in clause.assignments:
-            where = fields.value(index, clause.action, a.column)
-            check_expression(a.value, field=where, context="assignment")
-
-
-def _check_clause_order(parsed: ParsedMerge, *, field: str) -> None:
-    for kind, name in _KIND_SQL.items():
-        of_kind = parsed.clauses_of(kind)
-        unconditional = [i for i, c in enumerate(of_kind[:-1]) if c.condition is None]
-        if unconditional:
-            raise MergeSpecError(
-                f"{field}: When there are more than one {name} clauses in a MERGE statement, only the last "
-                f"{name} clause can omit the condition. Found an unconditional {name} clause at position "
-                f"{unconditional[0] + 1} of {len(of_kind)}."
-            )
-
-
-def _check_assignments(clause: MergeClause, *, field: str) -> None:
-    needs = clause.action in ("update", "insert")
-    if needs and not clause.assignments:
-        raise MergeSpecError(f"{field}: expected at least one assignment for {clause.action}, found none")
-    if not needs and clause.assignments:
-        raise MergeSpecError(
-            f"{field}: expected no assignments for action {clause.action}, found {len(clause.assignments)}"
+        if self.i < len(self.tokens):
+            raise self._unexpected("another WHEN clause or the end of the statement")
+        self._check_clause_order(clauses)
+        return ParsedMerge(
+            target_alias=target_alias,
+            source_alias=source_alias,
+            condition=condition,
+            clauses=tuple(clauses),
+            source_query=source_query,
+            schema_evolution=schema_evolution,
         )
-    columns = [tuple(part.lower() for part in a.column) for a in clause.assignments]
-    shown = [f"`{'.'.join(a.column)}`" for a in clause.assignments]
-    if clause.action == "update":
-        # Spark's case-insensitive resolution: `a` and `A` are one column; `a` and `a.b` overlap.
-        conflicts = [
-            shown[i]
-            for i, column in enumerate(columns)
-            if any(j != i and _overlaps(column, other) for j, other in enumerate(columns))
-        ]
-        if conflicts:
-            listed = ", ".join(conflicts)
-            raise MergeSpecError(f"{field}: There is a conflict from these SET columns: [{listed}].")
-    elif clause.action == "insert":
-        for a in clause.assignments:
-            if len(a.column) > 1:
-                nested = ".".join(f"`{part}`" for part in a.column)
-                raise MergeSpecError(
-                    f"{field}: Nested field is not supported in the INSERT clause of MERGE operation "
-                    f"(field = {nested})."
+
+    def _with_clause(self) -> tuple[set[str], str | None]:
+        """``WITH name [(cols)] [AS] (query) [, ...]`` before MERGE: the CTE names and the clause's text."""
+        if not self._at("WITH"):
+            return set(), None
+        start = self.i
+        self.i += 1
+        names: set[str] = set()
+        while True:
+            names.add(self._identifier("a CTE name after WITH").lower())
+            if self._at_type(TokenType.L_PAREN):
+                self.i = self._closing_paren(self.i) + 1  # the CTE's column names
+            if self._at("AS"):
+                self.i += 1
+            if not self._at_type(TokenType.L_PAREN):
+                raise self._unexpected("( <query> ) for the CTE")
+            self.i = self._closing_paren(self.i) + 1
+            if not self._at_type(TokenType.COMMA):
+                break
+            self.i += 1
+        return names, self._text(start, self.i)
+
+    def _source(self, ctes: set[str], with_text: str | None) -> tuple[str | None, str]:
+        """The source after USING: the spec's source (a name), a CTE, or a subquery; and its alias."""
+        if self._at_type(TokenType.L_PAREN):
+            close = self._closing_paren(self.i)
+            if close == self.i + 1:
+                raise self._unexpected("a query inside USING ( )")
+            inner = self._text(self.i + 1, close)
+            self.i = close + 1
+            alias = self._alias("the source")
+            if alias is None:
+                raise self._unexpected(
+                    "an alias for the USING subquery (USING (...) AS s), which the ON "
+                    "condition and the clauses refer to"
                 )
-        duplicated = sorted({shown[i] for i, column in enumerate(columns) if columns.count(column) > 1})
-        if duplicated:
+            prefix = f"{with_text} " if with_text else ""
+            query = f"{prefix}SELECT * FROM ({inner}) AS {_quote(alias)}" if with_text else inner
+            return query, alias
+        name = self._name("the source after USING: a name, or a query in parentheses")
+        alias = self._alias("the source") or name[-1]
+        if with_text is None:
+            return None, alias
+        if len(name) != 1 or name[0].lower() not in ctes:
             raise MergeSpecError(
-                f"{field}: Duplicate column names in INSERT clause: found {', '.join(duplicated)} repeated"
+                f"{self.field}: expected USING to name one of the statement's CTEs "
+                f"({', '.join(sorted(ctes))}), found {'.'.join(name)!r}. Refer to the spec's source as "
+                f"`{SOURCE_VIEW}` inside the CTE.",
+                error_class=_SYNTAX,
             )
+        return f"{with_text} SELECT * FROM {_quote(name[0])}", alias
 
-
-def _overlaps(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
-    shorter = min(len(a), len(b))
-    return a[:shorter] == b[:shorter]
-
-
-def _alias(node: object, *, field: str, role: str) -> str:
-    if not isinstance(node, exp.Table) or not isinstance(node.this, exp.Identifier):
-        found = render_expression(node, field=field) if isinstance(node, exp.Expr) else "nothing"
-        hint = "; put a source query in source.query" if role == "source" else ""
-        raise MergeSpecError(f"{field}: expected a table name standing for the {role}, found {found}{hint}")
-    return str(node.alias or node.name)
-
-
-def _normalize_node(node: exp.Expr, *, field: str) -> str:
-    # Rendered, then parsed again as one expression, so both spec forms meet in exactly one normal form.
-    return normalize_expression(render_expression(node, field=field), field=field)
-
-
-def _sql_column(node: exp.Expr, *, field: str) -> tuple[str, ...]:
-    if isinstance(node, exp.Column) and not isinstance(node.this, exp.Star):
-        return tuple(str(part.name) for part in node.parts)
-    if isinstance(node, exp.Dot) and isinstance(node.expression, exp.Identifier):
-        return (*_sql_column(node.this, field=field), str(node.expression.name))
-    raise MergeSpecError(f"{field}: expected a column name, found {render_expression(node, field=field)!r}")
-
-
-def _sql_clause(when: exp.When, index: int, *, target_alias: str, fields: _Fields) -> MergeClause:
-    kind: ClauseKind = "matched" if when.args.get("matched") else "not_matched"
-    if kind == "not_matched" and when.args.get("source"):
-        kind = "not_matched_by_source"
-    condition = when.args.get("condition")
-    text = _normalize_node(condition, field=fields.condition(index)) if condition is not None else None
-    then = when.args.get("then")
-    field = fields.clause(index)
-    if isinstance(then, exp.Var) and then.name.upper() == "DELETE":
-        return MergeClause(kind, "delete", text)
-    if isinstance(then, exp.Update):
-        if len(then.expressions) == 1 and isinstance(then.expressions[0], exp.Star):
-            return MergeClause(kind, "update_all", text)
+    def _clause(self, index: int) -> MergeClause:
+        self.i += 1  # WHEN
+        kind: ClauseKind
+        if self._at("MATCHED"):
+            kind = "matched"
+            self.i += 1
+        elif self._at("NOT"):
+            self.i += 1
+            self._expect("MATCHED", "MATCHED after WHEN NOT")
+            kind = "not_matched"
+            if self._at("BY"):
+                self.i += 1
+                if self._at("SOURCE"):
+                    kind = "not_matched_by_source"
+                elif not self._at("TARGET"):
+                    raise self._unexpected("TARGET or SOURCE after WHEN NOT MATCHED BY")
+                self.i += 1
+        else:
+            raise self._unexpected(
+                "MATCHED, NOT MATCHED, NOT MATCHED BY TARGET or NOT MATCHED BY SOURCE after WHEN"
+            )
+        head = _KIND_TEXT[kind]
+        condition = None
+        if self._at("AND"):
+            self.i += 1
+            condition = self._expression(
+                f"the condition of {head} (clause {index + 1})", stops={"THEN", "WHEN"}, followed_by="THEN"
+            )
+        self._expect("THEN", f"THEN after {head}{' AND <condition>' if condition else ''}")
+        if kind == "not_matched":
+            return self._insert(index, condition)
+        if self._at("DELETE"):
+            self.i += 1
+            return MergeClause(kind, "delete", condition)
+        if not self._at("UPDATE"):
+            expected = "UPDATE or DELETE"
+            raise self._unexpected(f"{expected} after {head} ... THEN")
+        self.i += 1
+        self._expect("SET", "SET after UPDATE")
+        if self._at_type(TokenType.STAR):
+            if kind == "not_matched_by_source":
+                raise self._unexpected(
+                    "SET <column> = <value>: WHEN NOT MATCHED BY SOURCE has no source row for UPDATE SET *"
+                )
+            self.i += 1
+            return MergeClause(kind, "update_all", condition)
         pairs = []
-        for eq in then.expressions:
-            if not isinstance(eq, exp.EQ):
-                raise MergeSpecError(f"{field}: expected SET column = value, found {render_expression(eq)!r}")
-            pairs.append((_sql_column(eq.this, field=field), eq.expression))
-        return MergeClause(kind, "update", text, _assignments(pairs, index, "update", target_alias, fields))
-    if isinstance(then, exp.Insert):
-        if isinstance(then.this, exp.Star):
-            return MergeClause(kind, "insert_all", text)
-        if not isinstance(then.this, exp.Tuple) or not isinstance(then.expression, exp.Tuple):
-            raise MergeSpecError(
-                f"{field}: expected INSERT (columns) VALUES (values) or INSERT *, found no column list"
+        while True:
+            column = self._name("a target column name after SET")
+            self._expect_type(TokenType.EQ, f"= after the SET column {'.'.join(column)}")
+            value = self._expression(
+                f"the value of SET {'.'.join(column)}",
+                stops={"WHEN"},
+                comma=True,
+                followed_by="',', another WHEN clause or the end of the statement",
             )
-        columns = [_sql_column(c, field=field) for c in then.this.expressions]
-        values = then.expression.expressions
+            pairs.append((column, value))
+            if not self._at_type(TokenType.COMMA):
+                break
+            self.i += 1
+        return MergeClause(kind, "update", condition, self._assignments(pairs))
+
+    def _insert(self, index: int, condition: str | None) -> MergeClause:
+        if not self._at("INSERT"):
+            raise self._unexpected("INSERT after WHEN NOT MATCHED ... THEN")
+        self.i += 1
+        if self._at_type(TokenType.STAR):
+            self.i += 1
+            return MergeClause("not_matched", "insert_all", condition)
+        if not self._at_type(TokenType.L_PAREN):
+            raise self._unexpected("( <target columns> ) VALUES ( <values> ) or * after INSERT")
+        self.i += 1
+        columns = []
+        while True:
+            columns.append(self._name("a target column name in INSERT ( )"))
+            if not self._at_type(TokenType.COMMA):
+                break
+            self.i += 1
+        self._expect_type(TokenType.R_PAREN, "',' or ')' in the INSERT column list")
+        self._expect("VALUES", "VALUES after the INSERT column list")
+        self._expect_type(TokenType.L_PAREN, "( <values> ) after VALUES")
+        values: list[str] = []
+        while True:
+            values.append(
+                self._expression(
+                    f"INSERT value {len(values) + 1}", stops=set(), comma=True, followed_by="',' or ')'"
+                )
+            )
+            if not self._at_type(TokenType.COMMA):
+                break
+            self.i += 1
+        self._expect_type(TokenType.R_PAREN, "',' or ')' after an INSERT value")
         if len(columns) != len(values):
             raise MergeSpecError(
-                f"{field}: expected as many INSERT values as columns, found {len(columns)} columns and "
-                f"{len(values)} values"
+                f"{self.fields.clause(index)}: expected as many INSERT values as columns, found "
+                f"{len(columns)} columns and {len(values)} values"
             )
-        pairs = list(zip(columns, values, strict=True))
-        return MergeClause(kind, "insert", text, _assignments(pairs, index, "insert", target_alias, fields))
-    found = render_expression(then, field=field) if isinstance(then, exp.Expr) else "nothing"
-    raise MergeSpecError(f"{field}: expected UPDATE, DELETE or INSERT after THEN, found {found!r}")
-
-
-def _assignments(
-    pairs: Sequence[tuple[tuple[str, ...], exp.Expr]],
-    index: int,
-    action: ActionKind,
-    target_alias: str,
-    fields: _Fields,
-) -> tuple[Assignment, ...]:
-    return tuple(
-        Assignment(
-            column=strip_target_alias(column, target_alias),
-            value=_normalize_node(value, field=fields.value(index, action, column)),
+        return MergeClause(
+            "not_matched", "insert", condition, self._assignments(list(zip(columns, values, strict=True)))
         )
-        for column, value in pairs
-    )
+
+    def _assignments(self, pairs: Sequence[tuple[tuple[str, ...], str]]) -> tuple[Assignment, ...]:
+        # Spark resolves `t.v` in SET and INSERT against the target: the alias is not part of the column.
+        return tuple(
+            Assignment(strip_target_alias(column, self.target_alias), value) for column, value in pairs
+        )
+
+    def _check_clause_order(self, clauses: Sequence[MergeClause]) -> None:
+        ranks = [_KIND_ORDER.index(c.when) for c in clauses]
+        for position in range(1, len(ranks)):
+            if ranks[position] < ranks[position - 1]:
+                raise MergeSpecError(
+                    f"{self.field}: expected the WHEN clauses in Spark's order (all WHEN MATCHED, then "
+                    "WHEN NOT MATCHED [BY TARGET], then WHEN NOT MATCHED BY SOURCE), found "
+                    f"{_KIND_TEXT[clauses[position].when]} (clause {position + 1}) after "
+                    f"{_KIND_TEXT[clauses[position - 1].when]} (clause {position}); move it up",
+                    error_class=_SYNTAX,
+                )
+
+    # -- names and expressions -----------------------------------------------------------------------
+
+    def _name(self, expected: str) -> tuple[str, ...]:
+        parts = [self._identifier(expected)]
+        while self._at_type(TokenType.DOT):
+            self.i += 1
+            parts.append(self._identifier(f"a name after '.' in {'.'.join(parts)}."))
+        return tuple(parts)
+
+    def _identifier(self, expected: str) -> str:
+        if self.i >= len(self.tokens):
+            raise self._unexpected(expected)
+        token = self.tokens[self.i]
+        raw = self._raw(self.i)
+        if raw.startswith("`"):
+            self.i += 1
+            return str(token.text)
+        if _WORD.fullmatch(raw) and raw.upper() not in _CLAUSE_WORDS:
+            self.i += 1
+            return raw
+        raise self._unexpected(expected)
+
+    def _alias(self, role: str) -> str | None:
+        if self._at("AS"):
+            self.i += 1
+            alias = self._identifier(f"an alias for {role} after AS")
+        elif self.i < len(self.tokens) and (self._raw(self.i).startswith("`") or self._is_plain_word(self.i)):
+            alias = self._identifier(f"an alias for {role}")
+        else:
+            return None
+        if self._at_type(TokenType.L_PAREN):
+            raise MergeSpecError(
+                f"{self.field}: Column aliases are not allowed in MERGE (found {self._rest(self.i)!r} after "
+                f"the alias {alias!r} of {role}); alias the columns inside a USING subquery instead",
+                error_class="COLUMN_ALIASES_NOT_ALLOWED",
+            )
+        return alias
+
+    def _expression(self, what: str, *, stops: set[str], followed_by: str, comma: bool = False) -> str:
+        """The exact text of one expression, which ends before a stop word, ',' (with comma) or ')'."""
+        start, end = self.i, self._expression_end(self.i, stops, comma=comma)
+        if end == start:
+            raise self._unexpected(what)
+        text = self._text(start, end)
+        if not _is_one_expression(text):
+            # The longest prefix that is one expression shows where Spark's grammar stops taking text.
+            for prefix_end in range(end - 1, start, -1):
+                prefix = self._text(start, prefix_end)
+                if _is_one_expression(prefix):
+                    self.i = prefix_end
+                    raise self._unexpected(f"{followed_by} after {what} {prefix!r}")
+            parse_expression(text, field=f"{self.field} {what}")  # raises sqlglot's own description
+        self.i = end
+        return text
+
+    def _expression_end(self, start: int, stops: set[str], *, comma: bool) -> int:
+        opened: list[int] = []
+        case_depth = 0
+        index = start
+        while index < len(self.tokens):
+            kind = self.tokens[index].token_type
+            depth = len(opened)
+            if kind in (TokenType.L_PAREN, TokenType.L_BRACKET):
+                opened.append(index)
+            elif kind in (TokenType.R_PAREN, TokenType.R_BRACKET):
+                if depth == 0:
+                    break
+                opened.pop()
+            elif depth == 0:
+                word = self._raw(index).upper()
+                if word == "CASE":
+                    case_depth += 1
+                elif word == "END" and case_depth:
+                    case_depth -= 1
+                elif case_depth == 0 and (word in stops or (comma and kind == TokenType.COMMA)):
+                    break
+            index += 1
+        if opened:
+            self.i = opened[0]
+            raise self._unexpected("a closing ')' for this '('")
+        return index
+
+    def _closing_paren(self, open_index: int) -> int:
+        depth = 0
+        for index in range(open_index, len(self.tokens)):
+            kind = self.tokens[index].token_type
+            if kind == TokenType.L_PAREN:
+                depth += 1
+            elif kind == TokenType.R_PAREN:
+                depth -= 1
+                if depth == 0:
+                    return index
+        self.i = open_index
+        raise self._unexpected("a closing ')' for this '('")
+
+    # -- the cursor ----------------------------------------------------------------------------------
+
+    def _raw(self, index: int) -> str:
+        token = self.tokens[index]
+        return self.sql[token.start : token.end + 1]
+
+    def _is_plain_word(self, index: int) -> bool:
+        raw = self._raw(index)
+        return bool(_WORD.fullmatch(raw)) and raw.upper() not in _CLAUSE_WORDS
+
+    def _at(self, word: str) -> bool:
+        return self.i < len(self.tokens) and self._raw(self.i).upper() == word
+
+    def _at_type(self, kind: TokenType) -> bool:
+        return self.i < len(self.tokens) and self.tokens[self.i].token_type == kind
+
+    def _expect(self, word: str, expected: str) -> None:
+        if not self._at(word):
+            raise self._unexpected(expected)
+        self.i += 1
+
+    def _expect_type(self, kind: TokenType, expected: str) -> None:
+        if not self._at_type(kind):
+            raise self._unexpected(expected)
+        self.i += 1
+
+    def _text(self, start: int, end: int) -> str:
+        """The statement's text from token ``start`` up to (not including) token ``end``."""
+        return self.sql[self.tokens[start].start : self.tokens[end - 1].end + 1]
+
+    def _rest(self, index: int) -> str:
+        if index >= len(self.tokens):
+            return ""
+        rest = self.sql[self.tokens[index].start :].strip()
+        return rest if len(rest) <= 60 else f"{rest[:57]}..."
+
+    def _unexpected(self, expected: str) -> MergeSpecError:
+        if self.i >= len(self.tokens):
+            return MergeSpecError(
+                f"{self.field}: expected {expected}, found the end of the statement", error_class=_SYNTAX
+            )
+        offset = self.tokens[self.i].start
+        line = self.sql.count("\n", 0, offset) + 1
+        column = offset - self.sql.rfind("\n", 0, offset)
+        hint = _HINTS.get(self._raw(self.i).upper())
+        return MergeSpecError(
+            f"{self.field}: expected {expected}, found {self._rest(self.i)!r} at line {line}, column {column}"
+            f"{f' ({hint})' if hint else ''}. Spark SQL refuses this statement.",
+            error_class=_SYNTAX,
+        )
+
+
+def _is_one_expression(text: str) -> bool:
+    try:
+        sqlglot.parse_one(text, dialect="spark", into=exp.Condition)
+    except SqlglotError:
+        return False
+    return True
+
+
+def _quote(name: str) -> str:
+    return f"`{name.replace('`', '``')}`"

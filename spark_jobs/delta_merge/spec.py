@@ -1,17 +1,34 @@
-"""The merge contract shared by the Airflow operator and the Spark job (stdlib + sqlglot only)."""
+"""The merge spec: the JSON contract between the Airflow operator and the Spark job (stdlib + sqlglot only).
+
+It depends one way on the parser (``merge_sql``), which depends on the parsed statement (``parsed_merge``).
+"""
 
 from __future__ import annotations
 
 import copy
 import json
 import math
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any, Literal, Protocol, TypeVar, get_args
+from typing import Any, Literal, Protocol, TypeVar
 
 from spark_jobs.delta_merge.errors import MergeSpecError
 from spark_jobs.delta_merge.expression_guard import tokenize_checked
+from spark_jobs.delta_merge.field_checks import check_choice as _check_choice
+from spark_jobs.delta_merge.field_checks import check_str as _check_str
+from spark_jobs.delta_merge.field_checks import fail as _fail
+from spark_jobs.delta_merge.field_checks import keys_of as _keys
+from spark_jobs.delta_merge.merge_rules import check_parsed_merge, parse_structural
+from spark_jobs.delta_merge.merge_sql import parse_merge_sql
+from spark_jobs.delta_merge.parsed_merge import (
+    ActionKind,
+    Assignment,
+    ClauseKind,
+    MergeClause,
+    ParsedMerge,
+    format_column_path,
+    parse_column_path,
+)
 
 __all__ = [
     "ActionKind",
@@ -28,11 +45,6 @@ __all__ = [
     "parse_column_path",
 ]
 
-ClauseKind = Literal["matched", "not_matched", "not_matched_by_source"]
-ActionKind = Literal["update", "update_all", "delete", "insert", "insert_all"]
-
-_CLAUSE_KINDS: tuple[str, ...] = get_args(ClauseKind)
-_ACTION_KINDS: tuple[str, ...] = get_args(ActionKind)
 _SOURCE_FORMATS = ("delta", "parquet", "csv", "json", "orc")
 # pyspark.StorageLevel's names (the job looks the level up there), NONE left out: it would not materialize.
 _STORAGE_LEVELS = (
@@ -41,116 +53,6 @@ _STORAGE_LEVELS = (
 )  # fmt: skip
 _COMPARATORS = ("equal_to", "greater_than", "less_than", "geq_to", "leq_to", "tolerance")
 _QUERY_STARTS = ("SELECT", "WITH", "FROM", "VALUES", "TABLE", "L_PAREN")
-_PART = re.compile(r"`((?:[^`]|``)*)`|([^.`\s]+)")
-_PLAIN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-@dataclass(frozen=True)
-class Assignment:
-    """One ``SET col = expr`` or one ``INSERT (col) VALUES (expr)`` pair.
-
-    :param column: the target column path, e.g. ``("addr", "city")``; as written in a spec's clauses,
-        without the target alias in a :class:`ParsedMerge`.
-    :param value: the value as Spark SQL text; normalized by the SQL parser in a :class:`ParsedMerge`.
-    """
-
-    column: tuple[str, ...]
-    value: str
-
-
-@dataclass(frozen=True)
-class MergeClause:
-    """One WHEN clause, in the order written.
-
-    :param when: ``matched``, ``not_matched`` (BY TARGET) or ``not_matched_by_source``.
-    :param action: ``update``, ``update_all`` (SET *), ``delete``, ``insert`` or ``insert_all`` (INSERT *).
-    :param condition: the clause's ``AND`` condition as Spark SQL text, or None.
-    :param assignments: SET pairs for ``update``, column/value pairs for ``insert``; empty otherwise.
-    """
-
-    when: ClauseKind
-    action: ActionKind
-    condition: str | None = None
-    assignments: tuple[Assignment, ...] = ()
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any], *, field: str = "clause") -> MergeClause:
-        """``{"when", "condition"?, "action", "set" (update) | "values" (insert)}``, keyed by column path."""
-        allowed = ("when", "condition", "action", "set", "values")
-        keys = _keys(data, field, allowed=allowed, required=("when", "action"))
-        pairs_key = {"update": "set", "insert": "values"}.get(keys["action"])
-        for key in ("set", "values"):
-            if key in keys and key != pairs_key:
-                raise _fail(f"{field}.{key}", f"no {key!r} for action {keys['action']!r}", keys[key])
-        pairs = keys.get(pairs_key, {}) if pairs_key else {}
-        if not isinstance(pairs, Mapping):
-            raise _fail(f"{field}.{pairs_key}", "a JSON object of column: expression", pairs)
-        assignments = tuple(
-            Assignment(parse_column_path(column, field=f"{field}.{pairs_key}"), value)
-            for column, value in pairs.items()
-        )
-        clause = cls(keys["when"], keys["action"], keys.get("condition"), assignments)
-        clause.validate(field=field)
-        return clause
-
-    def to_dict(self) -> dict[str, Any]:
-        """The structural JSON form of this clause."""
-        data: dict[str, Any] = {"when": self.when, "action": self.action}
-        if self.condition is not None:
-            data["condition"] = self.condition
-        if self.action in ("update", "insert") or self.assignments:
-            pairs = {format_column_path(a.column): a.value for a in self.assignments}
-            data["values" if self.action == "insert" else "set"] = pairs
-        return data
-
-    def validate(self, *, field: str = "clause") -> None:
-        """Check kinds and types (Delta's rules need the whole merge: MergeSpec.validate)."""
-        _check_choice(self.when, f"{field}.when", _CLAUSE_KINDS)
-        _check_choice(self.action, f"{field}.action", _ACTION_KINDS)
-        if self.condition is not None:
-            _check_str(self.condition, f"{field}.condition", "a Spark SQL condition or nothing")
-        if not isinstance(self.assignments, tuple):
-            raise _fail(f"{field}.assignments", "a tuple of Assignment", self.assignments)
-        for a in self.assignments:
-            column = a.column if isinstance(a, Assignment) else None
-            names_ok = isinstance(column, tuple) and all(isinstance(p, str) and p for p in column)
-            if not column or not names_ok:
-                raise _fail(f"{field}.assignments", "Assignments with column paths of non-empty names", a)
-            _check_str(a.value, f"{field}.assignments {format_column_path(column)}", "a Spark SQL expression")
-
-
-@dataclass(frozen=True)
-class ParsedMerge:
-    """A merge reduced to what the job executes, whichever form it was given in.
-
-    Expressions keep the aliases as written; the job resolves them against the target (``target_alias``)
-    and the source (``source_alias``).
-    """
-
-    target_alias: str
-    source_alias: str
-    condition: str
-    clauses: tuple[MergeClause, ...]
-
-    def clauses_of(self, when: ClauseKind) -> tuple[MergeClause, ...]:
-        """The clauses of one kind, in the order written."""
-        return tuple(c for c in self.clauses if c.when == when)
-
-    @property
-    def is_insert_only(self) -> bool:
-        """Only WHEN NOT MATCHED clauses: target files are never rewritten."""
-        return all(c.when == "not_matched" for c in self.clauses) and bool(self.clauses)
-
-    @property
-    def is_matched_only(self) -> bool:
-        """Only WHEN MATCHED clauses: source rows that match nothing are not needed."""
-        return all(c.when == "matched" for c in self.clauses) and bool(self.clauses)
-
-    @property
-    def is_only_one_unconditional_delete(self) -> bool:
-        """The only MATCHED clause is an unconditional DELETE: multiple matches are then allowed."""
-        matched = self.clauses_of("matched")
-        return len(matched) == 1 and matched[0].action == "delete" and matched[0].condition is None
 
 
 @dataclass(frozen=True)
@@ -386,13 +288,10 @@ class MergeSpec:
 
         :raises MergeSpecError: when the statement or an expression does not parse.
         """
-        # merge_sql builds this module's dataclasses, so it can only be imported once they exist.
-        from spark_jobs.delta_merge import merge_sql
-
         self._check_form()
         if self.merge_sql is not None:
-            return merge_sql.parse_merge_sql(self.merge_sql)
-        return merge_sql.parse_structural(
+            return parse_merge_sql(self.merge_sql)
+        return parse_structural(
             target_alias=self.target_alias or "target",
             source_alias=self.source_alias or "source",
             condition=str(self.condition),
@@ -405,11 +304,9 @@ class MergeSpec:
         :returns: the parsed merge.
         :raises MergeSpecError: naming the field, what was expected and what was found.
         """
-        from spark_jobs.delta_merge import merge_sql
-
         self._check_fields()
         parsed = self.parsed()
-        merge_sql.check_parsed_merge(parsed, sql_form=self.merge_sql is not None)
+        check_parsed_merge(parsed, sql_form=self.merge_sql is not None)
         return parsed
 
     def _check_form(self) -> None:
@@ -453,51 +350,10 @@ class MergeSpec:
         _check_expected_metrics(self.expected_metrics)
 
 
-def parse_column_path(text: str, *, field: str) -> tuple[str, ...]:
-    """``addr.city`` -> ``("addr", "city")``; a part may be backticked (doubling a backtick inside)."""
-    parts: list[str] = []
-    position = 0
-    while True:
-        match = _PART.match(text, position) if isinstance(text, str) else None
-        if match is None or not (match.group(2) or match.group(1)):
-            raise _fail(field, "column names: a dotted path of names, backticked where needed", text)
-        quoted, plain = match.groups()
-        parts.append(quoted.replace("``", "`") if quoted is not None else plain)
-        position = match.end()
-        if position == len(text):
-            return tuple(parts)
-        if text[position] != ".":
-            raise _fail(field, "'.' between the names of a column path", text)
-        position += 1
 
 
-def format_column_path(column: Sequence[str]) -> str:
-    """The inverse of :func:`parse_column_path`: backticks only where a name needs them."""
-    return ".".join(part if _PLAIN.fullmatch(part) else f"`{part.replace('`', '``')}`" for part in column)
 
 
-def _found(value: object) -> str:
-    text = repr(value)
-    return f"{text[:80]}{'...' if len(text) > 80 else ''} ({type(value).__name__})"
-
-
-def _fail(field: str, expected: str, value: object) -> MergeSpecError:
-    return MergeSpecError(f"{field}: expected {expected}, found {_found(value)}")
-
-
-def _keys(
-    data: object, field: str, *, allowed: Sequence[str], required: Sequence[str] = ()
-) -> Mapping[str, Any]:
-    if not isinstance(data, Mapping):
-        raise _fail(field, "a JSON object", data)
-    unknown = [key for key in data if key not in allowed]
-    if unknown:
-        listed = ", ".join(map(repr, unknown))
-        raise MergeSpecError(f"{field}: expected keys among {', '.join(allowed)}, found unknown key {listed}")
-    missing = [key for key in required if key not in data]
-    if missing:
-        raise MergeSpecError(f"{field}: expected key(s) {', '.join(missing)}, found them missing")
-    return data
 
 
 class _Part(Protocol):
@@ -525,9 +381,6 @@ def _copy(value: Any) -> Any:
     return copy.deepcopy(dict(value)) if isinstance(value, Mapping) else value
 
 
-def _check_str(value: object, field: str, expected: str) -> None:
-    if not isinstance(value, str) or not value.strip():
-        raise _fail(field, expected, value)
 
 
 def _check_int(value: object, field: str, *, minimum: int, absent: str = "") -> None:
@@ -535,9 +388,6 @@ def _check_int(value: object, field: str, *, minimum: int, absent: str = "") -> 
         raise _fail(field, f"an integer >= {minimum} {absent}".strip(), value)
 
 
-def _check_choice(value: object, field: str, choices: Sequence[str]) -> None:
-    if value not in choices:
-        raise _fail(field, f"one of {', '.join(choices)}", value)
 
 
 def _check_str_map(value: object, field: str) -> None:

@@ -79,7 +79,7 @@ def test_normalization_spells_operators_for_spark() -> None:
 def test_non_deterministic_function_in_search_condition() -> None:
     with pytest.raises(MergeSpecError) as error:
         check_expression("s.id = t.id AND rand() > 0.5", field="condition", context="search condition")
-    assert str(error.value) == (
+    assert error.value.bare_message == (
         "condition: Non-deterministic functions are not supported in the search condition of MERGE operation "
         "(condition = s.id = t.id AND RAND() > 0.5)."
     )
@@ -126,7 +126,7 @@ def test_non_deterministic_values_are_allowed(text: str) -> None:
 def test_subqueries_name_the_relation_spark_cannot_find(text: str, relation: str) -> None:
     with pytest.raises(MergeSpecError) as error:
         check_expression(text, field="clauses[0].condition", context="clause condition", action="UPDATE")
-    message = str(error.value)
+    message = error.value.bare_message
     assert message.startswith(
         "clauses[0].condition: Subqueries are not supported in the UPDATE condition of MERGE operation"
     )
@@ -141,7 +141,7 @@ def test_subquery_from_the_task_brief() -> None:
 def test_subquery_without_a_relation() -> None:
     with pytest.raises(MergeSpecError) as error:
         check_expression("(select 1)", field="f", context="assignment")
-    assert str(error.value) == (
+    assert error.value.bare_message == (
         "f: Subqueries are not supported in the assignments of MERGE operation (value = (SELECT 1))."
     )
 
@@ -150,7 +150,7 @@ def test_subquery_without_a_relation() -> None:
 def test_reflection_is_refused(name: str) -> None:
     with pytest.raises(MergeSpecError) as error:
         check_expression(f"{name}('java.util.UUID', 'randomUUID')", field="f", context="assignment")
-    assert str(error.value) == (
+    assert error.value.bare_message == (
         f"f: expected Spark built-in functions without side effects, found {name}(), which calls arbitrary "
         "Java methods"
     )
@@ -160,7 +160,8 @@ def test_reflection_is_refused(name: str) -> None:
 def test_table_valued_functions_are_refused(name: str) -> None:
     with pytest.raises(MergeSpecError) as error:
         check_expression(f"{name}(10)", field="f", context="assignment")
-    assert str(error.value) == f"f: expected a scalar expression, found the table-valued function {name}()"
+    expected = f"f: expected a scalar expression, found the table-valued function {name}()"
+    assert error.value.bare_message == expected
 
 
 @pytest.mark.parametrize(
@@ -175,13 +176,14 @@ def test_functions_reading_files_are_refused(text: str) -> None:
 def test_unknown_functions_are_refused_as_udfs(text: str) -> None:
     with pytest.raises(MergeSpecError) as error:
         check_expression(text, field="clauses[1].set.a", context="assignment")
-    assert "which is not a Spark SQL built-in function (user-defined functions are not" in str(error.value)
+    message = error.value.bare_message
+    assert "which is not a Spark SQL built-in function (user-defined functions are not" in message
 
 
 def test_catalog_qualified_functions_are_refused() -> None:
     with pytest.raises(MergeSpecError) as error:
         check_expression("db.upper(s.x)", field="f", context="assignment")
-    assert str(error.value) == (
+    assert error.value.bare_message == (
         "f: expected Spark built-in functions only, found the catalog function call 'db.upper(s.x)' "
         "(user-defined functions are not allowed in merge expressions)"
     )
@@ -190,7 +192,7 @@ def test_catalog_qualified_functions_are_refused() -> None:
 def test_window_function_in_assignment() -> None:
     with pytest.raises(MergeSpecError) as error:
         check_expression("row_number() over (order by s.c)", field="f", context="assignment")
-    assert str(error.value) == (
+    assert error.value.bare_message == (
         "f: expected an expression evaluated per merged row, found window, aggregate or generator functions "
         "in the assignments of MERGE operation (value = ROW_NUMBER() OVER (ORDER BY s.c)). "
         'Invalid expressions: ["ROW_NUMBER() OVER (ORDER BY s.c)"]'
@@ -223,7 +225,7 @@ def test_aggregate_in_condition_uses_deltas_wording() -> None:
         check_expression(
             "s.key1 = t.key2 and max(t.key2) > 20", field="condition", context="search condition"
         )
-    assert str(error.value) == (
+    assert error.value.bare_message == (
         "condition: Aggregate functions are not supported in the search condition of MERGE operation "
         '(condition = s.key1 = t.key2 AND MAX(t.key2) > 20). Invalid expressions: ["MAX(t.key2)"]'
     )
@@ -232,7 +234,7 @@ def test_aggregate_in_condition_uses_deltas_wording() -> None:
 def test_infix_operator_is_not_mistaken_for_its_first_operand() -> None:
     with pytest.raises(MergeSpecError) as error:
         check_expression("percentile(s.x, 0.5) > 0 AND s.y", field="f", context="assignment")
-    assert str(error.value).endswith('Invalid expressions: ["PERCENTILE(s.x, 0.5)"]')
+    assert error.value.bare_message.endswith('Invalid expressions: ["PERCENTILE(s.x, 0.5)"]')
 
 
 @pytest.mark.parametrize(
@@ -265,7 +267,7 @@ def test_infix_operator_is_not_mistaken_for_its_first_operand() -> None:
 def test_smuggled_statements_comments_and_markers(text: str, message: str) -> None:
     with pytest.raises(MergeSpecError) as error:
         check_expression(text, field="f", context="assignment")
-    assert str(error.value) == message
+    assert error.value.bare_message == message
 
 
 @pytest.mark.parametrize(
@@ -281,7 +283,7 @@ def test_smuggled_statements_comments_and_markers(text: str, message: str) -> No
 def test_anything_but_one_expression_is_a_syntax_error_with_position(text: str, position: str) -> None:
     with pytest.raises(MergeSpecError) as error:
         parse_expression(text, field="condition")
-    assert str(error.value).startswith(
+    assert error.value.bare_message.startswith(
         f"condition: expected one Spark SQL expression, found a syntax error at {position}: "
     )
 
@@ -307,4 +309,4 @@ def test_function_lists_are_consistent() -> None:
 def test_only_comments_is_no_expression(text: str) -> None:
     with pytest.raises(MergeSpecError) as error:
         check_expression(text, field="f", context="assignment")
-    assert str(error.value) == f"f: expected Spark SQL, found only comments or blanks: {text!r}"
+    assert error.value.bare_message == f"f: expected Spark SQL, found only comments or blanks: {text!r}"

@@ -48,7 +48,7 @@ def with_(**changes: Any) -> dict[str, Any]:
 def error_of(data: dict[str, Any]) -> str:
     with pytest.raises(MergeSpecError) as error:
         MergeSpec.from_dict(data).validate()
-    return str(error.value)
+    return error.value.bare_message
 
 
 def test_example_from_the_issue_round_trips() -> None:
@@ -388,7 +388,7 @@ def test_commit_metadata_must_be_plain_json() -> None:
     bad = MergeSpec(target=spec.target, source=spec.source, merge_sql=spec.merge_sql, run=run)
     with pytest.raises(MergeSpecError) as error:
         bad.validate()
-    assert str(error.value) == (
+    assert error.value.bare_message == (
         "run.commit_metadata.when: expected a JSON value (object, array, string, number, true, false or "
         "null), "
         "found (1, 2) (tuple)"
@@ -532,7 +532,8 @@ def test_python_built_specs_are_checked_too() -> None:
     )
     with pytest.raises(MergeSpecError) as error:
         spec.validate()
-    assert str(error.value) == "clauses[0].assignments v: expected a Spark SQL expression, found 1 (int)"
+    expected = "clauses[0].assignments v: expected a Spark SQL expression, found 1 (int)"
+    assert error.value.bare_message == expected
     wrong = MergeSpec(target="/t", source=SourceSpec(uri="/s"), merge_sql="x")  # type: ignore[arg-type]
     with pytest.raises(MergeSpecError, match=r"^target: expected a TargetSpec, found '/t' \(str\)$"):
         wrong.validate()
@@ -550,7 +551,7 @@ def test_validate_returns_the_parsed_merge_and_parsed_needs_no_validation() -> N
         )
     )
     assert spec.validate() == spec.parsed()
-    assert spec.parsed().condition == "target.id = source.id"
+    assert spec.parsed().condition == "target.id == source.id"  # as written: Spark runs this text
     assert spec.parsed().clauses[1].assignments == (Assignment(("v",), "source.v"),)
 
 
