@@ -13,7 +13,10 @@ from spark_jobs.delta_merge.errors import MergeSpecError
 
 __all__ = [
     "AGGREGATE_FUNCTIONS",
+    "FILE_FUNCTIONS",
+    "REFLECTION_FUNCTIONS",
     "SPARK_BUILTIN_FUNCTIONS",
+    "TABLE_FUNCTIONS",
     "ClauseAction",
     "ExpressionContext",
     "check_expression",
@@ -128,12 +131,12 @@ _WINDOW_FUNCTIONS = _names(
 _GENERATOR_FUNCTIONS = _names(
     "explode explode_outer inline inline_outer json_tuple posexplode posexplode_outer stack"
 )
-_TABLE_FUNCTIONS = _names(
+TABLE_FUNCTIONS = _names(
     "range read_files sql_keywords collations python_worker_logs variant_explode variant_explode_outer"
 )
-_REFLECTION_FUNCTIONS = _names("reflect java_method try_reflect")
+REFLECTION_FUNCTIONS = _names("reflect java_method try_reflect")
 # from_protobuf / to_protobuf accept a descriptor file path, read on the driver.
-_FILE_FUNCTIONS = _names(
+FILE_FUNCTIONS = _names(
     "input_file_name input_file_block_start input_file_block_length read_files from_protobuf to_protobuf"
 )
 # The built-ins whose `deterministic` is false in Spark 4 (asked of the analyzer), reflection aside.
@@ -186,7 +189,9 @@ def tokenize_checked(
                 f"{field}: expected no comments in merge SQL (a template value ending in '--' hides the "
                 f"rest of its line), found a comment next to {token.text!r} at {where}"
             )
-        trailing = allow_trailing_semicolon and index == len(tokens) - 1
+        # Spark's grammar ends a statement with any number of ';'.
+        ends = all(t.token_type == TokenType.SEMICOLON for t in tokens[index:])
+        trailing = allow_trailing_semicolon and ends
         if token.token_type == TokenType.SEMICOLON and not trailing:
             raise MergeSpecError(f"{field}: expected a single statement or expression, found ';' at {where}")
     return tokens
@@ -309,12 +314,12 @@ def _check_functions(node: exp.Expr, *, field: str, where: str, condition: bool)
                 f"{field}: expected Spark built-in functions only, found the catalog function call "
                 f"{render_expression(func.parent)!r} ({_NO_UDF})"
             )
-        if name in _REFLECTION_FUNCTIONS:
+        if name in REFLECTION_FUNCTIONS:
             raise MergeSpecError(
                 f"{field}: expected Spark built-in functions without side effects, found {name}(), which "
                 "calls arbitrary Java methods"
             )
-        if name in _TABLE_FUNCTIONS:
+        if name in TABLE_FUNCTIONS:
             raise MergeSpecError(
                 f"{field}: expected a scalar expression, found the table-valued function {name}()"
             )
@@ -325,7 +330,7 @@ def _check_functions(node: exp.Expr, *, field: str, where: str, condition: bool)
             error_class="DELTA_NON_DETERMINISTIC_FUNCTION_NOT_SUPPORTED",
         )
     for _, name in calls:
-        if name in _FILE_FUNCTIONS:
+        if name in FILE_FUNCTIONS:
             raise MergeSpecError(
                 f"{field}: expected an expression over the target and source rows, found {name}(), which "
                 "reads file names or files"

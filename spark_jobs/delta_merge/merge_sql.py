@@ -33,7 +33,7 @@ SOURCE_VIEW = "source"
 _SYNTAX = "PARSE_SYNTAX_ERROR"
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Words that end a name or an alias: a clause keyword is never taken for an alias, as in Spark.
-_CLAUSE_WORDS = frozenset({"USING", "ON", "WHEN", "THEN", "AND", "MERGE", "INTO"})
+_CLAUSE_WORDS = frozenset({"USING", "ON", "WHEN", "THEN", "AND", "MERGE", "INTO", "WITH"})
 _KIND_ORDER: tuple[ClauseKind, ...] = ("matched", "not_matched", "not_matched_by_source")
 _KIND_TEXT = {
     "matched": "WHEN MATCHED",
@@ -79,8 +79,8 @@ class _StatementParser:
     def __init__(self, sql: str, tokens: Sequence[Token], *, field: str) -> None:
         self.sql = sql
         self.tokens = list(tokens)
-        if self.tokens and self.tokens[-1].token_type == TokenType.SEMICOLON:
-            self.tokens.pop()  # one trailing ';' ends the statement, as Spark allows
+        while self.tokens and self.tokens[-1].token_type == TokenType.SEMICOLON:
+            self.tokens.pop()  # trailing ';' end the statement, as in Spark's grammar
         self.field = field
         self.fields = ErrorFields(sql=True)
         self.i = 0

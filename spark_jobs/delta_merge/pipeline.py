@@ -7,6 +7,7 @@ import logging
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 from pyspark.sql import SparkSession
@@ -27,8 +28,10 @@ from spark_jobs.delta_merge.source import (
     MaterializedSourceLostError,
     materialize_source,
     read_source,
+    read_statement_source,
     storage_level_for_attempt,
 )
+from spark_jobs.delta_merge.spark_statement import check_with_spark_parser
 from spark_jobs.delta_merge.spec import MergeSpec, ParsedMerge
 from spark_jobs.delta_merge.transaction import commit_serializably
 
@@ -81,7 +84,7 @@ def _operation_parameters(plan: MergePlan) -> dict[str, str]:
         return _compact_json(items)
 
     return {
-        "predicate": _compact_json([plan.condition]),
+        "predicate": _compact_json([plan.parsed.condition]),
         "matchedPredicates": predicates("matched"),
         "notMatchedPredicates": predicates("not_matched"),
         "notMatchedBySourcePredicates": predicates("not_matched_by_source"),
@@ -112,6 +115,11 @@ def run_merge(spark: SparkSession, spec: MergeSpec | Mapping[str, Any]) -> Merge
     if not isinstance(spec, MergeSpec):
         spec = MergeSpec.from_dict(spec)
     parsed = spec.validate()
+    if spec.merge_sql is not None:
+        check_with_spark_parser(spark, spec.merge_sql, parsed)
+    if parsed.schema_evolution and not spec.options.schema_evolution:
+        # MERGE WITH SCHEMA EVOLUTION turns evolution on for this statement, as in Delta.
+        spec = replace(spec, options=replace(spec.options, schema_evolution=True))
     started = time.monotonic()
     applied = applied_metrics(spec)
     if applied is not None:
@@ -147,6 +155,8 @@ def _run_attempt(
         "MERGE into %s at version %d (%d files)", spec.target.uri, snapshot.version, len(snapshot.files)
     )
     source_read = read_source(spark, spec.source)
+    if parsed.source_query is not None:
+        source_read = read_statement_source(spark, source_read, parsed.source_query)
     plan = resolve_merge(
         spark, parsed, target_schema=snapshot.schema, source_schema=source_read.df.schema,
         options=spec.options,

@@ -14,11 +14,18 @@ from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 
 from spark_jobs.delta_merge.errors import MergeAnalysisError, MergeExecutionError
+from spark_jobs.delta_merge.merge_sql import SOURCE_VIEW
 from spark_jobs.delta_merge.spec import MergeOptions, SourceSpec
 
 __all__ = [
-    "MATERIALIZE_MAX_ATTEMPTS", "MaterializedSourceLostError", "PreparedSource", "SourceRead",
-    "materialize_source", "read_source", "storage_level_for_attempt",
+    "MATERIALIZE_MAX_ATTEMPTS",
+    "MaterializedSourceLostError",
+    "PreparedSource",
+    "SourceRead",
+    "materialize_source",
+    "read_source",
+    "read_statement_source",
+    "storage_level_for_attempt",
 ]
 
 _FILE_FORMATS = ("parquet", "csv", "json", "orc")
@@ -115,6 +122,28 @@ def read_source(spark: SparkSession, source: SourceSpec) -> SourceRead:
         ) from exc
 
 
+def read_statement_source(spark: SparkSession, source: SourceRead, query: str) -> SourceRead:
+    """The statement's USING subquery (or CTE), run over the spec's source under the name ``source``.
+
+    The view is dropped as soon as the query is analyzed: the analyzed plan holds the source itself, so
+    later scans (the second scan, a retry's re-read) never look the name up again.
+    """
+    source.df.createOrReplaceTempView(SOURCE_VIEW)
+    try:
+        df = spark.sql(query)
+    except (AnalysisException, Py4JJavaError) as exc:
+        first_line = next((line for line in str(exc).splitlines() if "[" in line), str(exc))
+        condition = re.search(r"\[([A-Z_.]+)\]", first_line)
+        raise MergeAnalysisError(
+            f"merge_sql: the USING query does not analyze: {first_line.split(': ', 1)[-1]} In it, the "
+            f"spec's source is named `{SOURCE_VIEW}`.",
+            error_class=condition.group(1) if condition else None,
+        ) from exc
+    finally:
+        spark.catalog.dropTempView(SOURCE_VIEW)
+    return SourceRead(df, pinned_delta=source.pinned_delta)
+
+
 def _is_deterministic(df: DataFrame) -> bool:
     return bool(df._jdf.queryExecution().analyzed().deterministic())
 
@@ -151,7 +180,8 @@ def materialize_source(
         (:func:`storage_level_for_attempt`).
     """
     # With no referenced column (e.g. ON 1 = 1 and literal inserts) this keeps only the row count.
-    pruned = source.df.select(*[source.df[c] for c in columns])
+    # Quoted: a name with a dot (`value.a`) is one column, not the field a of a struct value.
+    pruned = source.df.select(*[source.df[f"`{c.replace('`', '``')}`"] for c in columns])
     materialize, reason = materialize_reason(source, mode=options.materialize_source, insert_only=insert_only)
     if not materialize:
         return PreparedSource(pruned, materialized=False, reason=reason, materialize_time_ms=0)
@@ -161,9 +191,12 @@ def materialize_source(
     rdd = _checkpointed_rdd(checkpointed)
     rdd.setName("mergeMaterializedSource")
     return PreparedSource(
-        checkpointed, materialized=True, reason=reason,
+        checkpointed,
+        materialized=True,
+        reason=reason,
         materialize_time_ms=int((time.monotonic() - started) * 1000),
-        storage_level=level_name, rdd_id=int(rdd.id()),
+        storage_level=level_name,
+        rdd_id=int(rdd.id()),
     )
 
 
