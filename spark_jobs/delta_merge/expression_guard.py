@@ -20,7 +20,6 @@ __all__ = [
     "ClauseAction",
     "ExpressionContext",
     "check_expression",
-    "normalize_expression",
     "parse_expression",
     "render_expression",
     "syntax_error",
@@ -203,32 +202,17 @@ def parse_expression(sql_text: str, *, field: str) -> exp.Expr:
         raise MergeSpecError(f"{field}: expected a Spark SQL expression, found {sql_text!r}")
     tokenize_checked(sql_text, field=field)
     try:
-        node = sqlglot.parse_one(sql_text, dialect=_DIALECT, into=exp.Condition)
+        return sqlglot.parse_one(sql_text, dialect=_DIALECT, into=exp.Condition)
     except SqlglotError as error:
         raise syntax_error(field, error, expected="one Spark SQL expression") from error
-    render_expression(node, field=field)
-    return node
 
 
-def render_expression(node: exp.Expr, *, field: str = "expression") -> str:
-    """Spark SQL text of a parsed expression: the one normal form both spec forms are compared in.
+def render_expression(node: exp.Expr) -> str:
+    """Spark SQL text of a parsed expression, for messages and for the function names Spark sees.
 
-    :raises MergeSpecError: when sqlglot would drop part of the expression (e.g. an argument it cannot
-        render for Spark): normalizing must never change what the expression means.
+    Never what runs (the user's text runs), so an argument sqlglot cannot render is left out, not refused.
     """
-    try:
-        return node.sql(dialect=_DIALECT, unsupported_level=ErrorLevel.RAISE)
-    except SqlglotError as error:
-        lossy = node.sql(dialect=_DIALECT, unsupported_level=ErrorLevel.IGNORE)
-        raise MergeSpecError(
-            f"{field}: expected an expression that renders back to Spark SQL unchanged, found {lossy!r}: "
-            f"{error} Write it another way."
-        ) from error
-
-
-def normalize_expression(sql_text: str, *, field: str) -> str:
-    """``sql_text`` parsed and rendered back as Spark SQL (``==`` becomes ``=``, ``<=>`` is spelled out)."""
-    return render_expression(parse_expression(sql_text, field=field), field=field)
+    return str(node.sql(dialect=_DIALECT, unsupported_level=ErrorLevel.IGNORE))
 
 
 def check_expression(
