@@ -45,11 +45,28 @@ class AlreadyApplied:
     commit_info: Mapping[str, Any]
 
 
-def _conflict(version: int, rule: str, detail: str) -> ConcurrentModificationError:
+_RETRY = "Please try the operation again."
+_DOC = "https://docs.delta.io/latest/concurrency-control.html"
+
+
+def _conflict(version: int, error_class: str, head: str, detail: str) -> ConcurrentModificationError:
+    """Delta's exception text for the rule (``head``), then the commit that broke it and what to do."""
     return ConcurrentModificationError(
-        f"{rule}: version {version}, committed after this merge read the table, {detail}. Nothing was "
-        "committed; re-run the merge so that it reads the new version."
+        f"{head}\nConflicting commit: version {version}, committed after this merge read the table, "
+        f"{detail}.\nRefer to {_DOC} for more details. Nothing was committed; re-run the merge so that "
+        "it reads the new version.",
+        error_class=error_class,
     )
+
+
+def _where(files: Sequence[LiveFile]) -> str:
+    # Delta names the partition the files went into, or "the root of the table" when unpartitioned.
+    values = {tuple(sorted(f.partition_values.items())) for f in files}
+    parts = sorted(", ".join(f"{k}={'null' if v is None else v}" for k, v in kv) for kv in values if kv)
+    if not parts:
+        return "the root of the table"
+    shown = ", ".join(f"[{p}]" for p in parts[:3]) + (", ..." if len(parts) > 3 else "")
+    return f"partition {shown}" if len(parts) == 1 else f"partitions {shown}"
 
 
 def added_file(add: Mapping[str, Any]) -> LiveFile:
@@ -88,26 +105,53 @@ def check_winning_commit(
         if read.app_id is not None and txn.get("appId") == read.app_id:
             if read.app_version is not None and int(txn.get("version", -1)) >= read.app_version:
                 return AlreadyApplied(version, dict(info))
-            raise _conflict(version, "ConcurrentTransactionException",
-                            f"holds a transaction of the same app id {read.app_id!r}")
+            raise _conflict(
+                version, "DELTA_CONCURRENT_TRANSACTION",
+                "ConcurrentTransactionException: This error occurs when multiple streaming queries are using "
+                "the same checkpoint to write into this table. Did you run multiple instances of the same "
+                "streaming query at the same time?",
+                f"holds a transaction of the same app id {read.app_id!r}",
+            )
     if any(True for _ in _of(actions, "protocol")):
-        raise _conflict(version, "ProtocolChangedException", "changed the table's protocol")
+        raise _conflict(
+            version, "DELTA_PROTOCOL_CHANGED",
+            "ProtocolChangedException: The protocol version of the Delta table has been changed by a "
+            "concurrent update.",
+            "changed the table's protocol",
+        )
     if any(True for _ in _of(actions, "metaData")):
-        raise _conflict(version, "MetadataChangedException", "changed the table's schema or properties")
+        raise _conflict(
+            version, "DELTA_METADATA_CHANGED",
+            f"MetadataChangedException: The metadata of the Delta table has been changed by a concurrent "
+            f"update. {_RETRY}",
+            "changed the table's schema or properties",
+        )
     for remove in _of(actions, "remove"):
         path = remove.get("path")
         if path in read.removed_paths:
-            raise _conflict(version, "ConcurrentDeleteDeleteException",
-                            f"removed {path}, a file this merge also removes")
+            raise _conflict(
+                version, "DELTA_CONCURRENT_DELETE_DELETE",
+                f"ConcurrentDeleteDeleteException: This transaction attempted to delete one or more files "
+                f"that were deleted (for example {path}) by a concurrent update. {_RETRY}",
+                f"removed {path}, a file this merge also removes",
+            )
         if path in read.read_paths:
-            raise _conflict(version, "ConcurrentDeleteReadException",
-                            f"removed {path}, a file this merge read")
+            raise _conflict(
+                version, "DELTA_CONCURRENT_DELETE_READ",
+                f"ConcurrentDeleteReadException: This transaction attempted to read one or more files "
+                f"that were deleted (for example {path}) by a concurrent update. {_RETRY}",
+                f"removed {path}, a file this merge read",
+            )
     blind = info.get("isBlindAppend") is True
     if read.serializable or not blind:
         added = [added_file(a) for a in _of(actions, "add") if a.get("dataChange", True)]
         if added and (read.whole_table or matches_read(added)):
-            raise _conflict(version, "ConcurrentAppendException",
-                            f"added {len(added)} file(s) into what this merge read")
+            raise _conflict(
+                version, "DELTA_CONCURRENT_APPEND",
+                f"ConcurrentAppendException: Files were added to {_where(added)} by a concurrent update. "
+                f"{_RETRY}",
+                f"added {len(added)} file(s) into what this merge read",
+            )
     return None
 
 

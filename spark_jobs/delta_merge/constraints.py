@@ -25,7 +25,10 @@ from spark_jobs.delta_merge.table_features import TableConstraints
 
 __all__ = ["VIOLATION_COLUMN", "apply_constraints", "generated_columns"]
 
+# Each violation message starts with Delta's error class: "[DELTA_...] CHECK constraint ...".
 VIOLATION_COLUMN = "__merge_violation"
+_CHECK_VIOLATED = "DELTA_VIOLATE_CONSTRAINT_WITH_VALUES"
+_NOT_NULL_VIOLATED = "DELTA_NOT_NULL_CONSTRAINT_VIOLATED"
 _INVARIANT_PREFIX = "invariant:"
 _GENERATION_KEY = "delta.generationExpression"
 
@@ -51,7 +54,8 @@ def apply_constraints(
     df: DataFrame, *, constraints: TableConstraints, schema: StructType, generate: Mapping[str, Column],
     written: Column,
 ) -> DataFrame:
-    """``df`` with generated columns computed where ``generate`` says so and :data:`VIOLATION_COLUMN` added.
+    """``df`` with generated columns computed where ``generate`` says so and :data:`VIOLATION_COLUMN` added
+    (NULL, or ``[DELTA_ERROR_CLASS] message`` for the first constraint a row violates).
 
     :param df: the output rows: the columns of ``schema`` by name, plus any bookkeeping columns
         (kept as they are; ``generate`` and ``written`` may refer to them).
@@ -127,12 +131,12 @@ def _not_null_rule(path: tuple[str, ...]) -> _Rule:
     violated = F.col(_quote(path)).isNull()
     for depth in range(1, len(path)):
         violated = F.col(_quote(path[:depth])).isNotNull() & violated
-    message = F.lit(f"NOT NULL constraint violated for column: {'.'.join(path)}.")
+    message = F.lit(f"[{_NOT_NULL_VIOLATED}] NOT NULL constraint violated for column: {'.'.join(path)}.")
     return _Rule(violated=violated, message=message)
 
 
 def _message(head: str, values: list[tuple[tuple[str, ...], Column]]) -> Column:
-    parts: list[Column] = [F.lit(f"{head} violated by row with values:")]
+    parts: list[Column] = [F.lit(f"[{_CHECK_VIOLATED}] {head} violated by row with values:")]
     for path, column in values:
         parts += [F.lit(f"\n - {'.'.join(path)} : "), F.coalesce(column.cast("string"), F.lit("null"))]
     return F.concat(*parts)

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import re
+from typing import ClassVar, TypeVar
+
 __all__ = [
+    "DETERMINISTIC_ERRORS",
     "CastFailureError",
     "ConcurrentModificationError",
     "ConstraintViolationError",
@@ -13,7 +17,12 @@ __all__ = [
     "MergeSpecError",
     "MultipleSourceRowMatchesError",
     "UnsupportedTableFeatureError",
+    "spark_failure",
 ]
+
+_E = TypeVar("_E", bound="MergeJobError")
+# "[ERROR_CLASS] message", as Delta's and Spark's messages start (subclasses are "CLASS.SUB").
+_CLASS_PREFIX = re.compile(r"\[([A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*)\] ?")
 
 
 class MergeJobError(Exception):
@@ -22,12 +31,26 @@ class MergeJobError(Exception):
     :param error_class: Delta's (or Spark's) error class for the condition, e.g.
         ``DELTA_MULTIPLE_SOURCE_ROW_MATCHING_TARGET_ROW_IN_MERGE``, so that users can search for it. The
         message then starts with ``[ERROR_CLASS]`` as Delta's and Spark's messages do.
+
+    ``retryable`` says whether running the same merge again may succeed: False when the spec, the schemas,
+    the table's features or the data decide the failure, so a retry fails the same way. The Airflow
+    provider fails the task without its retries for those (see :data:`DETERMINISTIC_ERRORS`).
     """
+
+    retryable: ClassVar[bool] = True
 
     def __init__(self, message: str, *, error_class: str | None = None) -> None:
         self.error_class = error_class
         self.bare_message = message
         super().__init__(f"[{error_class}] {message}" if error_class else message)
+
+    @classmethod
+    def from_text(cls: type[_E], text: str) -> _E:
+        """The error for ``text``, taking its error class from a leading ``[ERROR_CLASS]`` if it has one."""
+        match = _CLASS_PREFIX.match(text)
+        if match is None:
+            return cls(text)
+        return cls(text[match.end() :], error_class=match.group(1))
 
     def __reduce__(self) -> tuple[object, ...]:
         # Keyword-only error_class survives pickling (Spark ships exceptions between processes).
@@ -44,17 +67,25 @@ class MergeSpecError(MergeJobError, ValueError):
     The message names the field, what was expected and what was found.
     """
 
+    retryable = False
+
 
 class MergeAnalysisError(MergeJobError):
     """The merge does not fit the target and source schemas (raised before anything is written)."""
+
+    retryable = False
 
 
 class MultipleSourceRowMatchesError(MergeJobError):
     """Two or more source rows matched the same target row."""
 
+    retryable = False
+
 
 class UnsupportedTableFeatureError(MergeJobError):
     """The target table uses a Delta feature this job cannot write correctly."""
+
+    retryable = False
 
 
 class ConstraintViolationError(MergeJobError):
@@ -64,12 +95,18 @@ class ConstraintViolationError(MergeJobError):
     was committed.
     """
 
+    retryable = False
+
 
 class CastFailureError(MergeJobError):
-    """A value the merge would write cannot be stored in its column (invalid input for the cast, overflow).
+    """A value the merge computes or writes is invalid for its type: invalid input for a cast, an overflow,
+    a division by zero (Spark's data exceptions, SQLSTATE class 22) or ``raise_error``.
 
-    Raised before commit; the message names the column. The data decides it, so a retry fails the same way.
+    Raised before commit with Spark's (or Delta's) error class; the data decides it, so a retry fails the
+    same way.
     """
+
+    retryable = False
 
 
 class MergeExecutionError(MergeJobError):
@@ -82,3 +119,50 @@ class ConcurrentModificationError(MergeJobError):
 
 class ExpectationFailedError(MergeJobError):
     """One or more expected metrics did not hold; nothing was committed."""
+
+    retryable = False
+
+
+# The one list the Airflow side classifies by: names of the job's errors a retry cannot fix.
+DETERMINISTIC_ERRORS: frozenset[str] = frozenset(
+    name for name, kind in list(globals().items())
+    if isinstance(kind, type) and issubclass(kind, MergeJobError) and not kind.retryable
+)
+
+_DATA_EXCEPTION = "22"  # SQLSTATE class "data exception": CAST_INVALID_INPUT, ARITHMETIC_OVERFLOW, ...
+_USER_RAISED = "P0001"  # raise_error()
+_SYNTAX_OR_ACCESS_RULE = "42"  # analysis errors: UNRESOLVED_COLUMN, DATATYPE_MISMATCH, ...
+
+
+def spark_failure(exc: BaseException) -> MergeJobError | None:
+    """The job's error for a Spark failure the data or the statement decides, or None for any other.
+
+    Spark's data exceptions (SQLSTATE class 22) and ``raise_error`` become :class:`CastFailureError`,
+    analysis errors (SQLSTATE class 42) :class:`MergeAnalysisError`, each with
+    Spark's error class and message. A ``raise_error`` message that starts with ``[ERROR_CLASS]`` gives
+    that class (the job raises Delta's DELTA_CAST_OVERFLOW_IN_TABLE_WRITE this way).
+    """
+    get_state = getattr(exc, "getSqlState", None)
+    get_condition = getattr(exc, "getCondition", None)
+    if get_state is None or get_condition is None:
+        return None
+    try:
+        state, condition = get_state(), get_condition()
+    except Exception:  # the JVM is gone: nothing to classify by
+        return None
+    state = str(state or "")
+    lines = str(exc).strip().splitlines() or [type(exc).__name__]
+    message = re.sub(r"\s*SQLSTATE: \w+\s*$", "", _CLASS_PREFIX.sub("", lines[0], count=1))
+    if state == _USER_RAISED:
+        inner = _CLASS_PREFIX.match(message)
+        if inner is not None:
+            condition, message = inner.group(1), message[inner.end() :]
+    if state.startswith(_DATA_EXCEPTION) or state == _USER_RAISED:
+        return CastFailureError(
+            f"{message} Nothing was committed; fix the source data or the merge's expressions (a retry "
+            "fails the same way).",
+            error_class=str(condition) if condition else None,
+        )
+    if state.startswith(_SYNTAX_OR_ACCESS_RULE):
+        return MergeAnalysisError(message, error_class=str(condition) if condition else None)
+    return None

@@ -14,7 +14,7 @@ from pyspark.sql import functions as F
 
 from spark_jobs.delta_merge.analysis import MergePlan
 from spark_jobs.delta_merge.data_skipping import partition_count, prune_files
-from spark_jobs.delta_merge.errors import ConstraintViolationError
+from spark_jobs.delta_merge.errors import ConstraintViolationError, spark_failure
 from spark_jobs.delta_merge.files import LiveFile, WrittenFile
 from spark_jobs.delta_merge.metrics import MergeMetrics
 from spark_jobs.delta_merge.rewrite import (
@@ -64,12 +64,18 @@ def _elapsed_ms(started: float) -> int:
 
 def _count_rows(output: DataFrame) -> dict[int, int]:
     """Dry run: the rows per action code, computed without writing; a constraint violation still fails."""
-    rows = output.groupBy(ACTION_COLUMN).agg(
-        F.count(F.lit(1)).alias("rows"), F.min(VIOLATION_COLUMN).alias("violation")
-    ).collect()
+    try:
+        rows = output.groupBy(ACTION_COLUMN).agg(
+            F.count(F.lit(1)).alias("rows"), F.min(VIOLATION_COLUMN).alias("violation")
+        ).collect()
+    except Exception as exc:
+        failure = spark_failure(exc)
+        if failure is None:
+            raise
+        raise failure from exc
     violation = min((r["violation"] for r in rows if r["violation"] is not None), default=None)
     if violation is not None:
-        raise ConstraintViolationError(f"{violation} (found by a dry run; nothing was written)")
+        raise ConstraintViolationError.from_text(f"{violation} (found by a dry run; nothing was written)")
     return {int(r[ACTION_COLUMN]): int(r["rows"]) for r in rows}
 
 

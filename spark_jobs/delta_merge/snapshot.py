@@ -149,21 +149,24 @@ def _open_table(uri: str, options: dict[str, str] | None, version: int | None) -
     if local is not None:
         if not os.path.exists(local):
             raise MergeAnalysisError(
-                f"Target {uri} does not exist ({local}). Check the URI, or create the table first "
-                "(e.g. deltalake.write_deltalake)."
+                f"{uri} is not a Delta table. {local} does not exist: check the URI, or create the table "
+                "first (e.g. deltalake.write_deltalake).",
+                error_class="DELTA_MISSING_DELTA_TABLE",
             )
         if not os.path.isdir(os.path.join(local, "_delta_log")):
             raise MergeAnalysisError(
-                f"Target {uri} is not a Delta table: no _delta_log/ found. Create it first "
-                "(e.g. deltalake.write_deltalake) or check the URI."
+                f"{uri} is not a Delta table. No _delta_log/ found: create it first "
+                "(e.g. deltalake.write_deltalake) or check the URI.",
+                error_class="DELTA_MISSING_DELTA_TABLE",
             )
         uri = os.path.abspath(local) if not urlsplit(uri).scheme else uri
     try:
         return deltalake.DeltaTable(uri, version=version, storage_options=options)
     except TableNotFoundError as exc:
         raise MergeAnalysisError(
-            f"Target {uri} is not a Delta table: no commits found in _delta_log/ ({_first_line(exc)}). "
-            "Create it first (e.g. deltalake.write_deltalake) or check the URI and storage options."
+            f"{uri} is not a Delta table. No commits found in _delta_log/ ({_first_line(exc)}): create it "
+            "first (e.g. deltalake.write_deltalake) or check the URI and storage options.",
+            error_class="DELTA_MISSING_DELTA_TABLE",
         ) from exc
     except DeltaError as exc:
         raise MergeAnalysisError(_load_failure(uri, options, version, exc)) from exc

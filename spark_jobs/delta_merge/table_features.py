@@ -31,6 +31,10 @@ SUPPORTED_FEATURES = frozenset(
 )
 # Supported only while unused: checked against files, properties and the schema below.
 _CONDITIONAL_FEATURES = frozenset({"deletionVectors", "columnMapping", "changeDataFeed", "identityColumns"})
+_PROTOCOL = "protocol"
+_APPEND_ONLY = "appendOnly"
+# How Delta's messages name the writer ("... unsupported by Delta Lake "<version>"").
+_ENGINE = "airflow-merge-provider merge job"
 
 _WHY = {
     "rowTracking": "writers must assign row ids and commit versions to every new file and keep them "
@@ -75,13 +79,39 @@ def check_writable(
     :raises UnsupportedTableFeatureError: naming every problem found, why, and what to do.
     """
     problems = list(_problems(snapshot, removes_files=removes_files, candidate_files=candidate_files))
-    if problems:
-        listing = "\n".join(f"  - {p}" for p in problems)
-        raise UnsupportedTableFeatureError(
-            f"Target {snapshot.table_uri} (version {snapshot.version}) uses Delta features this merge job "
-            f"cannot write correctly, so nothing was written:\n{listing}\n"
-            "Run this merge with Delta Lake on Spark (delta-spark) instead, or change the table as suggested."
+    if not problems:
+        return
+    error_class, head = _delta_refusal(snapshot, [feature for feature, _ in problems])
+    listing = "\n".join(f"  - {problem}" for _, problem in problems)
+    raise UnsupportedTableFeatureError(
+        f"{head}\nTarget {snapshot.table_uri} (version {snapshot.version}) uses Delta features this merge "
+        f"job cannot write correctly, so nothing was written:\n{listing}\n"
+        "Run this merge with Delta Lake on Spark (delta-spark) instead, or change the table as suggested.",
+        error_class=error_class,
+    )
+
+
+def _delta_refusal(snapshot: TargetSnapshot, features: list[str]) -> tuple[str, str]:
+    """Delta's error class and text for the first check Delta would fail: protocol, features, appendOnly."""
+    table = snapshot.table_uri
+    protocol = snapshot.protocol
+    if _PROTOCOL in features:
+        return "DELTA_INVALID_PROTOCOL_VERSION", (
+            f'Unsupported Delta protocol version: table "{table}" requires reader version '
+            f"{protocol.min_reader_version} and writer version {protocol.min_writer_version}, but Delta Lake "
+            f'"{_ENGINE}" supports reader versions 1-3 and writer versions 2-7. Please upgrade to a newer '
+            "release."
         )
+    unsupported = [f for f in features if f != _APPEND_ONLY]
+    if unsupported:
+        return "DELTA_UNSUPPORTED_FEATURES_FOR_WRITE", (
+            f'Unsupported Delta write feature: table "{table}" requires writer table feature(s) that are '
+            f'unsupported by Delta Lake "{_ENGINE}": {", ".join(unsupported)}.'
+        )
+    return "DELTA_CANNOT_MODIFY_APPEND_ONLY", (
+        "This table is configured to only allow appends. If you would like to permit updates or deletes, use "
+        f"'ALTER TABLE delta.`{table}` SET TBLPROPERTIES (delta.appendOnly=false)'."
+    )
 
 
 def table_constraints(snapshot: TargetSnapshot) -> TableConstraints:
@@ -106,30 +136,31 @@ def table_constraints(snapshot: TargetSnapshot) -> TableConstraints:
 
 def _problems(
     snapshot: TargetSnapshot, *, removes_files: bool, candidate_files: Sequence[LiveFile]
-) -> Iterator[str]:
+) -> Iterator[tuple[str, str]]:
+    """(feature, why and what to do) per problem; the protocol version counts as feature ``protocol``."""
     protocol = snapshot.protocol
     config = {k.lower(): v for k, v in snapshot.configuration.items()}
     if protocol.min_reader_version > 3 or protocol.min_writer_version > 7:
-        yield (
+        yield _PROTOCOL, (
             f"protocol version (reader {protocol.min_reader_version}, writer {protocol.min_writer_version}): "
             "newer than Delta's reader 3 / writer 7, whose rules this job knows."
         )
     with_dv = [f.path for f in candidate_files if f.has_deletion_vector]
     if with_dv:
         shown = ", ".join(with_dv[:3]) + (" ..." if len(with_dv) > 3 else "")
-        yield (
+        yield "deletionVectors", (
             f"deletionVectors: {len(with_dv)} file(s) the merge reads carry deletion vectors ({shown}). "
             "The job reads Parquet directly and would resurrect deleted rows, and a remove cannot carry "
             "the vector. Purge them first (REORG TABLE ... APPLY (PURGE)) or disable deletion vectors."
         )
     mode = config.get("delta.columnmapping.mode", "none").lower()
     if mode != "none":
-        yield (
+        yield "columnMapping", (
             f"columnMapping (delta.columnMapping.mode={mode}): Parquet columns have physical names the "
             "job does not translate. Only tables without column mapping are supported."
         )
     if config.get("delta.enablechangedatafeed", "false").lower() == "true":
-        yield (
+        yield "changeDataFeed", (
             "changeDataFeed (delta.enableChangeDataFeed=true): a merge must write _change_data files, "
             "which deltalake's commit API cannot add. Disable the change data feed or use delta-spark."
         )
@@ -139,12 +170,12 @@ def _problems(
         if any(k.startswith("delta.identity.") for k in f.metadata)
     ]
     if identity:
-        yield (
+        yield "identityColumns", (
             f"identityColumns ({', '.join(identity)}): inserts must draw new identity values and move the "
             "high-water mark, which this job does not do."
         )
     if removes_files and config.get("delta.appendonly", "false").lower() == "true":
-        yield (
+        yield _APPEND_ONLY, (
             "appendOnly (delta.appendOnly=true): this merge updates or deletes rows, which removes files. "
             "Only insert-only merges are allowed; set delta.appendOnly=false to allow it."
         )
@@ -152,7 +183,7 @@ def _problems(
         (protocol.reader_features | protocol.writer_features) - SUPPORTED_FEATURES - _CONDITIONAL_FEATURES
     ):
         why = _WHY.get(feature, "this job does not know its rules")
-        yield f"{feature}: {why}."
+        yield feature, f"{feature}: {why}."
 
 
 def _struct_fields(schema: StructType) -> Iterator[tuple[tuple[str, ...], StructField]]:
@@ -174,7 +205,8 @@ def _invariant_sql(path: tuple[str, ...], invariant: object) -> str:
         sql = value["expression"]["expression"]  # type: ignore[index]
     except (TypeError, KeyError, ValueError) as exc:
         raise MergeAnalysisError(
-            f"Column {'.'.join(path)} has a delta.invariants entry that is not "
-            f'{{"expression": {{"expression": "<sql>"}}}}: {invariant!r}.'
+            f"Unrecognized invariant. Please upgrade your Spark version. Column {'.'.join(path)} has a "
+            f'delta.invariants entry that is not {{"expression": {{"expression": "<sql>"}}}}: {invariant!r}.',
+            error_class="DELTA_UNRECOGNIZED_INVARIANT",
         ) from exc
     return str(sql)

@@ -22,7 +22,8 @@ MULTIPLE_MATCHES_MESSAGE = (
     "the Delta table in possibly conflicting ways. By SQL semantics of Merge, when multiple source rows "
     "match on the same target row, the result may be ambiguous as it is unclear which source row should "
     "be used to update or delete the matching target row. You can preprocess the source table to "
-    "eliminate the possibility of multiple matches."
+    "eliminate the possibility of multiple matches. Please refer to "
+    "https://docs.delta.io/latest/delta-update.html#upsert-into-a-table-using-merge"
 )
 
 
@@ -79,7 +80,9 @@ def find_touched_files(
     found = per_file.collect()
     num_source_rows = source_rows()
     if any(r["max_matches"] > 1 for r in found) and not plan.parsed.is_only_one_unconditional_delete:
-        raise MultipleSourceRowMatchesError(MULTIPLE_MATCHES_MESSAGE)
+        raise MultipleSourceRowMatchesError(
+            MULTIPLE_MATCHES_MESSAGE, error_class="DELTA_MULTIPLE_SOURCE_ROW_MATCHING_TARGET_ROW_IN_MERGE"
+        )
     keys = frozenset(r[FILE_KEY_COLUMN] for r in found if r["acts"])
     if plan.clauses_of("not_matched_by_source"):
         keys = frozenset(all_candidate_keys)

@@ -51,6 +51,7 @@ def commit_serializably(
         or the swap kept losing.
     """
     checked = plan.read_version
+    started = time.monotonic()
     for attempt in range(max_attempts):
         # Check until a probe finds nothing new, so that the swap follows the last check closely: a busy
         # writer that commits while a check runs would otherwise win every swap.
@@ -70,8 +71,15 @@ def commit_serializably(
             # Lost the race for version checked + 1: check the winner, then try on top of it.
             sleep(random.uniform(0.5, 1.5) * min(2.0, 0.05 * 2**attempt))
     raise ConcurrentModificationError(
-        f"Gave up committing the merge to {plan.table_uri} after {max_attempts} attempts: other writers "
-        "committed first every time. Nothing was committed; re-run the merge."
+        f"This commit has failed as it has been tried {max_attempts} times but did not succeed. This can be "
+        "caused by the Delta table being committed continuously by many concurrent commits.\n"
+        f"Commit started at version: {plan.read_version}\n"
+        f"Commit failed at version: {checked + 1}\n"
+        f"Number of actions attempted to commit: {len(plan.removes) + len(plan.adds)}\n"
+        f"Total time spent attempting this commit: {int((time.monotonic() - started) * 1000)} ms\n"
+        f"Other writers committed to {plan.table_uri} first every time. Nothing was committed; re-run the "
+        "merge.",
+        error_class="DELTA_MAX_COMMIT_RETRIES_EXCEEDED",
     )
 
 

@@ -18,7 +18,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_type
 from pyspark.sql.types import ArrayType, CharType, DataType, MapType, StructType, VarcharType
 
-from spark_jobs.delta_merge.errors import ConstraintViolationError, MergeExecutionError
+from spark_jobs.delta_merge.errors import ConstraintViolationError, MergeExecutionError, spark_failure
 from spark_jobs.delta_merge.file_stats import DEFAULT_NUM_INDEXED_COLS, indexed_leaves
 from spark_jobs.delta_merge.files import WrittenFile
 from spark_jobs.delta_merge.write_task import RESULT_SCHEMA, VIOLATION_MARKER, WriteTaskPlan, write_task
@@ -99,16 +99,23 @@ def write_merge_output(
         # Delta's repartitionBeforeWrite, as REBALANCE: AQE sizes the partitions from the actual
         # shuffle bytes, so a small output becomes one task per partition value, a large one splits.
         output = output.hint("rebalance", *[F.col(_quoted(c)) for c in partition_columns])
+    # pyspark's mapInArrow looks every column up by its bare name, which reads `value.a` as the field a
+    # of a struct value (or fails): give it dot-free names; write_task reads the batches by position.
+    output = output.toDF(*[f"_c{i}" for i in range(len(output.columns))])
     job = output.mapInArrow(functools.partial(write_task, plan), RESULT_SCHEMA)
     try:
         with _job_description(df.sparkSession, job_description):
             rows = job.collect()
     except Exception as exc:
+        orphans = f"files already written under {table_root} are not in the Delta log; VACUUM removes them"
         violation = _violation(exc)
         if violation is not None:
-            raise ConstraintViolationError(
-                f"{violation}\nNothing was committed (files already written under {table_root} are not in "
-                "the Delta log; VACUUM removes them)."
+            message = f"{violation}\nNothing was committed ({orphans})."
+            raise ConstraintViolationError.from_text(message) from exc
+        failure = spark_failure(exc)
+        if failure is not None:
+            raise type(failure)(
+                f"{failure.bare_message} ({orphans}.)", error_class=failure.error_class
             ) from exc
         raise MergeExecutionError(
             f"Writing the merge output under {table_root} failed; nothing was committed (files already "

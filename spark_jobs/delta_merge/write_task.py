@@ -9,7 +9,7 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import pyarrow as pa
@@ -113,14 +113,21 @@ def _conform(data: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
     columns = []
     for column, target in zip(data.columns, schema, strict=True):
         if not target.nullable and column.null_count:
-            raise MergeExecutionError(
-                f"column {target.name!r} is NOT NULL but the merge produced NULL in {column.null_count} rows"
-            )
-        columns.append(_conform_array(column, target.type, None))
+            _raise_null((target.name,), f"{column.null_count} row(s)")
+        columns.append(_conform_array(column, target.type, None, (target.name,)))
     return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
-def _conform_array(array: pa.Array, target: pa.DataType, live: pa.Array | None) -> pa.Array:
+def _raise_null(path: tuple[str, ...], rows: str) -> NoReturn:
+    # As a violation the write stage reports in Delta's words; the constraint rules catch these first.
+    message = (f"[DELTA_NOT_NULL_CONSTRAINT_VIOLATED] NOT NULL constraint violated for column: "
+               f"{'.'.join(path)}. The merge produced NULL in {rows}.")
+    raise ConstraintViolationError(VIOLATION_MARKER + json.dumps(message))
+
+
+def _conform_array(
+    array: pa.Array, target: pa.DataType, live: pa.Array | None, path: tuple[str, ...]
+) -> pa.Array:
     """``array`` as ``target``; ``live`` marks the rows whose ancestors are all non-NULL (None: all).
 
     Not Array.cast for nested types: it (and the Parquet writer) refuses a NOT NULL field whose
@@ -134,10 +141,9 @@ def _conform_array(array: pa.Array, target: pa.DataType, live: pa.Array | None) 
             child = array.field(i)
             if not child_field.nullable and child.null_count:
                 if pc.any(pc.and_(pc.is_null(child), valid)).as_py():
-                    raise MergeExecutionError(
-                        f"field {child_field.name!r} is NOT NULL but the merge produced NULL in it")
+                    _raise_null((*path, child_field.name), "rows whose parent is not NULL")
                 child = _without_nulls(child)
-            children.append(_conform_array(child, child_field.type, valid))
+            children.append(_conform_array(child, child_field.type, valid, (*path, child_field.name)))
         mask = pc.is_null(array) if array.null_count else None
         return pa.StructArray.from_arrays(children, fields=list(target), mask=mask)
     if array.type == target and not _has_struct(target):
@@ -146,10 +152,10 @@ def _conform_array(array: pa.Array, target: pa.DataType, live: pa.Array | None) 
         array = pa.concat_arrays([array]) if array.offset else array  # from_arrays wants unsliced offsets
         mask = pc.is_null(array) if array.null_count else None
         if pa.types.is_map(target):
-            keys = _conform_array(array.keys, target.key_type, None)
-            items = _conform_array(array.items, target.item_type, None)
+            keys = _conform_array(array.keys, target.key_type, None, (*path, "key"))
+            items = _conform_array(array.items, target.item_type, None, (*path, "value"))
             return pa.MapArray.from_arrays(array.offsets, keys, items, type=target, mask=mask)
-        values = _conform_array(array.values, target.value_type, None)
+        values = _conform_array(array.values, target.value_type, None, (*path, "element"))
         return pa.ListArray.from_arrays(array.offsets, values, type=target, mask=mask)
     return array.cast(target)
 

@@ -181,7 +181,7 @@ def missing_target(root: Path) -> tuple[Path, dict[str, Any]]:
     return root / "nowhere", spec(root / "nowhere", make_source(root))
 
 
-@case(MergeAnalysisError, "is not a Delta table: no _delta_log/ found")
+@case(MergeAnalysisError, "is not a Delta table. No _delta_log/ found")
 def plain_parquet_directory(root: Path) -> tuple[Path, dict[str, Any]]:
     plain = root / "plain"
     plain.mkdir()
@@ -197,7 +197,7 @@ def corrupt_latest_commit(root: Path) -> tuple[Path, dict[str, Any]]:
     return target, spec(target, make_source(root))
 
 
-@case(MergeAnalysisError, "no commits found in _delta_log/")
+@case(MergeAnalysisError, "is not a Delta table. No commits found in _delta_log/")
 def empty_delta_log(root: Path) -> tuple[Path, dict[str, Any]]:
     target = root / "t"
     (target / "_delta_log").mkdir(parents=True)

@@ -56,7 +56,11 @@ def violates(spark: Any, target: Path, merge_spec: Mapping[str, Any], message: s
     with pytest.raises(ConstraintViolationError) as raised:
         run_merge(spark, merge_spec)
     text = str(raised.value)
-    assert text.startswith(message), text
+    assert raised.value.bare_message.startswith(message), text
+    not_null = message.startswith("NOT NULL")
+    assert raised.value.error_class == (
+        "DELTA_NOT_NULL_CONSTRAINT_VIOLATED" if not_null else "DELTA_VIOLATE_CONSTRAINT_WITH_VALUES"
+    )
     assert table_version(target) == version
     assert files_under(target) == files
     return text

@@ -159,7 +159,7 @@ def test_missing_target_path(spark: Any, tmp_path: Path) -> None:
     missing = tmp_path / "nowhere"
 
     message = fails(spark, missing, spec(missing, source, UPSERT), MergeAnalysisError,
-                    f"Target {missing} does not exist")
+                    f"{missing} is not a Delta table. {missing} does not exist")
 
     assert not missing.exists(), message
 
@@ -171,7 +171,7 @@ def test_target_that_is_not_a_delta_table(spark: Any, tmp_path: Path) -> None:
     pq.write_table(kv([(1, "a")]), plain / "part-0.parquet")
 
     fails(spark, plain, spec(plain, source, UPSERT), MergeAnalysisError,
-          f"Target {plain} is not a Delta table")
+          f"{plain} is not a Delta table")
 
     assert not (plain / "_delta_log").exists()
 

@@ -143,17 +143,17 @@ def test_empty_table(tmp_path: Path) -> None:
 
 
 def test_missing_path(tmp_path: Path) -> None:
-    with pytest.raises(MergeAnalysisError, match=r"Target .*nope does not exist"):
+    with pytest.raises(MergeAnalysisError, match=r"^\[DELTA_MISSING_DELTA_TABLE\] .*nope is not a Delta table\. .*nope does not exist"):
         load_snapshot(str(tmp_path / "nope"))
 
 
 def test_not_a_delta_table(tmp_path: Path) -> None:
     with pytest.raises(
-        MergeAnalysisError, match=r"is not a Delta table: no _delta_log/ found.*write_deltalake"
+        MergeAnalysisError, match=r"is not a Delta table\. No _delta_log/ found.*write_deltalake"
     ):
         load_snapshot(str(tmp_path))
     (tmp_path / "_delta_log").mkdir()
-    with pytest.raises(MergeAnalysisError, match="is not a Delta table: no commits found"):
+    with pytest.raises(MergeAnalysisError, match=r"is not a Delta table\. No commits found"):
         load_snapshot(str(tmp_path))
 
 

@@ -37,7 +37,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from spark_jobs.delta_merge.errors import MergeExecutionError
+from spark_jobs.delta_merge.errors import ConstraintViolationError
 from spark_jobs.delta_merge.file_stats import indexed_leaves
 from spark_jobs.delta_merge.files import WrittenFile
 from spark_jobs.delta_merge.partition_values import decode_add_path, serialize_partition_value
@@ -273,7 +273,8 @@ def test_not_null_violation_fails_and_leaves_no_file(spark: SparkSession, table_
     schema = StructType([StructField("id", LongType(), False), StructField("p", StringType())])
     # One task, so the failing one is the only one (files of tasks that succeeded would stay, as orphans).
     df = spark.createDataFrame([(1, "a", 0), (None, "b", 0)], f"id long, p string, {ACTION} int").coalesce(1)
-    with pytest.raises(MergeExecutionError, match="Cause: MergeExecutionError: column 'id' is NOT NULL"):
+    with pytest.raises(ConstraintViolationError, match=r"^\[DELTA_NOT_NULL_CONSTRAINT_VIOLATED\] NOT NULL "
+                       r"constraint violated for column: id\. The merge produced NULL in 1 row"):
         write_merge_output(df, table_root=str(table_root), schema=schema, partition_columns=[],
                            action_column=ACTION, drop_codes=[], target_file_size=1 << 20)
     assert not list(table_root.rglob("*.parquet"))
@@ -362,7 +363,8 @@ def test_failed_task_deletes_its_files(tmp_path: Path, failure: str) -> None:
     else:
         x = pa.array([None, 3], pa.int64())
         bad = good.set_column(1, "st", pa.StructArray.from_arrays([x], names=["x"]))
-    with pytest.raises(MergeExecutionError, match="is NOT NULL but the merge produced NULL"):
+    column = "id" if failure == "not null" else "st.x"
+    with pytest.raises(ConstraintViolationError, match=f"NOT NULL constraint violated for column: {column}\\."):
         list(write_task(plan, iter([good, bad])))
     assert not list(tmp_path.rglob("*.parquet"))
     # A NULL under a NULL parent is no violation: the same batch writes.
