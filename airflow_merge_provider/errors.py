@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
+from spark_jobs.delta_merge.contract import is_deterministic
+
 __all__ = [
     "MergeArgumentError",
     "MergeJobFailedError",
@@ -14,12 +16,6 @@ __all__ = [
     "TargetTableNotFoundError",
     "job_failed_error",
 ]
-
-# The job's errors a retry cannot fix: it raised them before writing anything, and would again.
-_REJECTIONS = frozenset({
-    "MergeSpecError", "MergeAnalysisError", "ExpectationFailedError", "UnsupportedTableFeatureError",
-    "MultipleSourceRowMatchesError",
-})  # fmt: skip
 
 
 class MergeProviderError(AirflowException):
@@ -51,7 +47,8 @@ class MergeJobFailedError(MergeProviderError):
 
 
 class MergeJobRejectedError(MergeJobFailedError, AirflowFailException):
-    """The job refused the merge for a reason a retry cannot change (spec, schema, expectations...)."""
+    """The job refused the merge for a reason a retry cannot change: the spec, the schemas, the table's
+    features, or the data (casts, overflow, constraint violations, multiple matches, expectations)."""
 
 
 class MergeMetricsNotFoundError(MergeProviderError):
@@ -59,11 +56,15 @@ class MergeMetricsNotFoundError(MergeProviderError):
 
 
 def job_failed_error(target: str, kind: str | None, message: str | None) -> MergeJobFailedError:
-    """The error for a failed job, classified by the error class name the job reported (if any)."""
+    """The error for a failed job, classified by the error type name the job reported (if any).
+
+    Deterministic errors (the job's contract lists them) fail the task without its retries; infrastructure
+    failures, conflicts with concurrent commits and a job that died without a failure line are retried.
+    """
     if kind is None:
         return MergeJobFailedError(
             f"MERGE into {target} failed: spark-submit exited non-zero without the job's failure line (Spark "
             "could not start, or the driver died). Its output is in the task log above."
         )
-    error = MergeJobRejectedError if kind in _REJECTIONS else MergeJobFailedError
+    error = MergeJobRejectedError if is_deterministic(kind) else MergeJobFailedError
     return error(f"MERGE into {target} failed: {kind}: {message}", error_type=kind)

@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 from airflow_merge_provider.assets import table_asset_uri
 
 if TYPE_CHECKING:
-    from spark_jobs.delta_merge.spec import MergeSpec
+    from spark_jobs.delta_merge.contract import MergeSpec
 
 __all__ = ["dataset_name", "merge_lineage"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from spark_jobs.delta_merge.metrics import DELTA_METRIC_NAMES, MergeMetrics
+from spark_jobs.delta_merge.contract import DELTA_METRIC_NAMES, MergeMetrics
 
 __all__ = ["format_metrics_table", "format_summary", "from_commit_info", "to_xcom"]
 

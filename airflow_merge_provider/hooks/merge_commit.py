@@ -15,6 +15,12 @@ from urllib.parse import urlsplit
 
 from airflow_merge_provider.errors import MergeProviderError, TargetTableNotFoundError
 from airflow_merge_provider.metrics import from_commit_info, to_xcom
+from spark_jobs.delta_merge.contract import (
+    MERGE_ENGINE,
+    MERGE_OPERATION,
+    MergeJobError,
+    find_app_transaction_commit,
+)
 
 __all__ = ["MergeCommit", "find_merge_commit", "normalize_table_uri"]
 
@@ -100,8 +106,6 @@ def find_merge_commit(
 def _app_commit(
     uri: str, app_id: str, app_version: int | None, options: dict[str, str] | None
 ) -> MergeCommit | None:
-    from spark_jobs.delta_merge.commit import find_app_transaction_commit
-
     with _reading(uri):
         if app_version is None:
             app_version = _load(uri, options).transaction_version(app_id)
@@ -115,8 +119,6 @@ def _app_commit(
 
 
 def _first_merge_after(uri: str, after_version: int, options: dict[str, str] | None) -> MergeCommit | None:
-    from spark_jobs.delta_merge.commit import MERGE_ENGINE, MERGE_OPERATION
-
     with _reading(uri):
         latest = _load(uri, options).version()
         for version in range(after_version + 1, latest + 1):
@@ -152,8 +154,6 @@ def _load(uri: str, options: dict[str, str] | None) -> Any:
 def _reading(uri: str) -> Iterator[None]:
     """Turn deltalake's and the job's errors into the provider's, classified by type."""
     from deltalake.exceptions import DeltaError, TableNotFoundError
-
-    from spark_jobs.delta_merge.errors import MergeJobError
 
     try:
         yield

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -18,28 +16,13 @@ from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.sdk.exceptions import AirflowNotFoundException
 
 from airflow_merge_provider.errors import MergeArgumentError
-from spark_jobs.delta_merge.__main__ import METRICS_PREFIX
+from spark_jobs.delta_merge.contract import JobFailure, parse_failure_line, parse_metrics_line
 
 __all__ = ["JobFailure", "MergeSubmitHook", "job_arguments", "kubernetes_provider_installed"]
 
-# The job's last stderr line on failure: "MERGE failed: <ErrorClass>: <message>".
-_FAILURE = re.compile(r"MERGE failed: (?P<kind>[A-Za-z_][A-Za-z0-9_]*): ?(?P<message>.*)$")
 _DEFAULT_BINARY = "spark-submit"
 # Above this, the spec goes in a file rather than on the command line (argv limits, log noise).
 _SPEC_ARG_LIMIT = 64 * 1024
-
-
-class JobFailure:
-    """The failure the job reported: its error class name and message."""
-
-    __slots__ = ("kind", "message")
-
-    def __init__(self, kind: str, message: str) -> None:
-        self.kind = kind
-        self.message = message
-
-    def __repr__(self) -> str:
-        return f"JobFailure({self.kind!r}, {self.message!r})"
 
 
 class MergeSubmitHook(SparkSubmitHook):
@@ -139,15 +122,16 @@ class MergeSubmitHook(SparkSubmitHook):
     def _watch(self, itr: Iterator[Any]) -> Iterator[Any]:
         for raw in itr:
             line = str(raw).strip()
-            # find, not startswith: a JVM log line may share the pipe (stdout and stderr are merged).
-            at = line.find(METRICS_PREFIX)
-            if at >= 0:
-                try:
-                    self.metrics = json.loads(line[at + len(METRICS_PREFIX) :])
-                except ValueError:
-                    self.log.warning("Ignoring a metrics line that is not valid JSON: %.200s", line)
-            elif match := _FAILURE.search(line):
-                self.failure = JobFailure(match["kind"], match["message"])
+            # A JVM log line may share the pipe (stdout and stderr are merged): the parsers search the line.
+            try:
+                metrics = parse_metrics_line(line)
+            except ValueError:
+                self.log.warning("Ignoring a metrics line that is not valid JSON: %.200s", line)
+                metrics = None
+            if metrics is not None:
+                self.metrics = metrics
+            elif (failure := parse_failure_line(line)) is not None:
+                self.failure = failure
             yield raw
 
     def submit_detached(self, application: str, application_args: list[str], *, log_path: str) -> int:

@@ -23,7 +23,7 @@ from airflow_merge_provider.hooks.merge_into import MergeSubmitHook, job_argumen
 from airflow_merge_provider.metrics import format_metrics_table, format_summary, to_xcom
 
 if TYPE_CHECKING:
-    from spark_jobs.delta_merge.spec import MergeSpec
+    from spark_jobs.delta_merge.contract import MergeSpec
 
 __all__ = ["MergeIntoOperator", "default_app_id"]
 
@@ -182,8 +182,7 @@ class MergeIntoOperator(BaseOperator):
 
         :raises MergeSpecInvalidError: naming the field, what was expected and what was found.
         """
-        from spark_jobs.delta_merge.errors import MergeSpecError
-        from spark_jobs.delta_merge.spec import MergeSpec
+        from spark_jobs.delta_merge.contract import MergeSpec, MergeSpecError
 
         try:
             spec = MergeSpec.from_dict(self._spec_dict(context))

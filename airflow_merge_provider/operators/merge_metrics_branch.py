@@ -8,6 +8,7 @@ from typing import Any
 from airflow.sdk import BaseBranchOperator, Context
 
 from airflow_merge_provider.errors import MergeArgumentError
+from spark_jobs.delta_merge.contract import failed_expectations
 
 __all__ = ["MergeMetricsBranchOperator"]
 
@@ -71,8 +72,6 @@ class MergeMetricsBranchOperator(BaseBranchOperator):
     def _holds(self, metrics: Mapping[str, Any]) -> bool:
         if callable(self.condition):
             return bool(self.condition(metrics))
-        from spark_jobs.delta_merge.expectations import failed_expectations
-
         failures = failed_expectations(metrics, self.condition)
         for failure in failures:
             self.log.info("Check does not hold: %s", failure)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
@@ -14,7 +13,9 @@ if __package__ in (None, ""):
     # (a --py-files zip or an installed package takes precedence when present).
     sys.path.append(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-METRICS_PREFIX = "MERGE_METRICS_JSON="
+from spark_jobs.delta_merge.contract import METRICS_PREFIX, failure_line, metrics_line
+
+__all__ = ["METRICS_PREFIX", "main"]
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -47,13 +48,17 @@ def _load_spec(args: argparse.Namespace) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the merge; exit 0 after printing the metrics line, non-zero with the cause as last stderr line."""
+    """Run the merge; exit 0 after printing the metrics line, non-zero with the cause as last stderr line.
+
+    Exit 1: the job refused or failed the merge on purpose (a :class:`MergeJobError`, including Spark's
+    data and analysis errors, classified by :func:`spark_failure`); exit 2: anything else.
+    """
     args = _parse_args(argv)
     _configure_logging()
-    from spark_jobs.delta_merge.errors import MergeJobError
+    from spark_jobs.delta_merge.errors import MergeJobError, spark_failure
 
     spark = None
-    cause: str | None = None
+    failure: BaseException | None = None
     code = 0
     try:
         spec = _load_spec(args)
@@ -65,17 +70,19 @@ def main(argv: list[str] | None = None) -> int:
         spark = SparkSession.builder.appName(f"delta-merge {spec.target.uri}").getOrCreate()
         spark.sparkContext.setLogLevel("WARN")
         metrics = run_merge(spark, spec)
-        print(METRICS_PREFIX + json.dumps(metrics.to_dict(), sort_keys=True), flush=True)
+        print(metrics_line(metrics.to_dict()), flush=True)
     except MergeJobError as exc:
-        cause, code = f"MERGE failed: {type(exc).__name__}: {exc}", 1
+        failure, code = exc, 1
     except Exception as exc:  # anything else still has to end as one clear line
-        cause, code = f"MERGE failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}", 2
+        # Classified while the JVM is up: a cast or overflow on the data must not look like a crash.
+        classified = spark_failure(exc)
+        failure, code = (exc, 2) if classified is None else (classified, 1)
     finally:
         if spark is not None:
             spark.stop()
-    if cause is not None:
+    if failure is not None:
         sys.stderr.flush()
-        print(" ".join(cause.split()), file=sys.stderr, flush=True)
+        print(failure_line(failure), file=sys.stderr, flush=True)
     return code
 
 

@@ -16,6 +16,7 @@ from deltalake.exceptions import CommitFailedError, DeltaError
 from deltalake.fs import DeltaStorageHandler
 from deltalake.transaction import AddAction, CommitProperties, RemoveAction, Transaction
 
+from spark_jobs.delta_merge.contract import MERGE_ENGINE, MERGE_OPERATION
 from spark_jobs.delta_merge.errors import (
     ConcurrentModificationError,
     MergeAnalysisError,
@@ -35,12 +36,11 @@ __all__ = [
     "read_commit_actions", "read_commit_info",
 ]
 
-# deltalake forces commitInfo.operation to WRITE; these keys tell a merge commit apart.
-MERGE_ENGINE = "airflow-merge-provider"  # commitInfo["mergeEngine"]
-MERGE_OPERATION = "MERGE"  # commitInfo["mergeOperation"] of the data commit
+# MERGE_ENGINE and MERGE_OPERATION (commitInfo keys of a merge commit) belong to the provider contract.
 SCHEMA_EVOLUTION_OPERATION = "MERGE SCHEMA EVOLUTION"  # ... of the metadata-only commit before it
 ISOLATION_LEVELS = ("Serializable", "WriteSerializable", "SnapshotIsolation")
 _COMMIT_FILE = "_delta_log/{:020d}.json"
+_CONCURRENCY_DOC = "https://docs.delta.io/latest/concurrency-control.html"
 # Keys deltalake generates or this module sets: commit_metadata must not override them.
 _RESERVED_KEYS = frozenset({
     "timestamp", "operation", "operationParameters", "operationMetrics", "readVersion", "isolationLevel",
@@ -116,7 +116,9 @@ def plan_commit(
     """
     if isolation_level not in ISOLATION_LEVELS:
         raise MergeSpecError(
-            f"isolation_level must be one of {', '.join(ISOLATION_LEVELS)}; found {isolation_level!r}."
+            f"invalid isolation level {isolation_level!r}: isolation_level must be one of "
+            f"{', '.join(ISOLATION_LEVELS)}.",
+            error_class="DELTA_INVALID_ISOLATION_LEVEL",
         )
     clashes = sorted(set(commit_metadata) & _RESERVED_KEYS)
     if clashes:
@@ -288,9 +290,13 @@ def _commit(
                 f" except its schema change, committed as version {schema_version} (token {plan.token})"
             )
             raise ConcurrentModificationError(
-                f"Cannot commit the merge to {plan.table_uri}: it read version {plan.read_version} and "
-                f"committed on version {base}, but the table is now at version {latest}. Nothing of this "
-                f"commit landed{note}. Re-run the merge on the new version."
+                "ConcurrentWriteException: A concurrent transaction has written new data since the current "
+                "transaction read the table. Please try the operation again.\n"
+                f"Refer to {_CONCURRENCY_DOC} for more details. The merge into {plan.table_uri} read "
+                f"version {plan.read_version} and committed on version {base}, but the table is now at "
+                f"version {latest}. Nothing of this commit landed{note}. Re-run the merge on the new "
+                "version.",
+                error_class="DELTA_CONCURRENT_WRITE",
             ) from exc
         cause: Exception = exc
     except DeltaError as exc:

@@ -1,0 +1,128 @@
+"""What the Airflow provider may know of the merge job: spec, metrics, error names and the job's output lines.
+
+The provider imports ``spark_jobs`` through this module only. Importing it loads no pyspark, deltalake,
+pyarrow or Airflow (nor the SQL parser, until ``MergeSpec`` is first used); the functions that need the
+job's heavier modules import them when called.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from spark_jobs.delta_merge.errors import DETERMINISTIC_ERRORS, MergeJobError, MergeSpecError
+from spark_jobs.delta_merge.expectations import failed_expectations
+from spark_jobs.delta_merge.metrics import DELTA_METRIC_NAMES, MergeMetrics
+
+if TYPE_CHECKING:
+    from spark_jobs.delta_merge.spec import MergeSpec
+
+__all__ = [
+    "DELTA_METRIC_NAMES",
+    "DETERMINISTIC_ERRORS",
+    "FAILURE_PREFIX",
+    "MERGE_ENGINE",
+    "MERGE_OPERATION",
+    "METRICS_PREFIX",
+    "JobFailure",
+    "MergeJobError",
+    "MergeMetrics",
+    "MergeSpec",
+    "MergeSpecError",
+    "failed_expectations",
+    "failure_line",
+    "find_app_transaction_commit",
+    "is_deterministic",
+    "metrics_line",
+    "parse_failure_line",
+    "parse_metrics_line",
+]
+
+# The driver prints the metrics as one stdout line: METRICS_PREFIX + JSON.
+METRICS_PREFIX = "MERGE_METRICS_JSON="
+# ... or, on failure, one last stderr line: "MERGE failed: <ErrorType>: <message>".
+FAILURE_PREFIX = "MERGE failed: "
+# deltalake forces commitInfo.operation to WRITE; these keys tell a merge commit apart.
+MERGE_ENGINE = "airflow-merge-provider"  # commitInfo["mergeEngine"]
+MERGE_OPERATION = "MERGE"  # commitInfo["mergeOperation"] of the data commit
+
+_FAILURE = re.compile(re.escape(FAILURE_PREFIX) + r"(?P<kind>[A-Za-z_][A-Za-z0-9_]*): ?(?P<message>.*)$")
+
+
+@dataclass(frozen=True)
+class JobFailure:
+    """The failure the job reported: its error type's name and its message (one line)."""
+
+    kind: str
+    message: str
+
+    @property
+    def deterministic(self) -> bool:
+        """A retry of the same merge fails the same way (see :func:`is_deterministic`)."""
+        return is_deterministic(self.kind)
+
+
+def is_deterministic(kind: str | None) -> bool:
+    """Whether the job's error type ``kind`` is one a retry cannot fix (spec, analysis, table features,
+    data: casts, overflow, constraints, multiple matches, expectations). Unknown names are not."""
+    return kind in DETERMINISTIC_ERRORS
+
+
+def failure_line(error: BaseException) -> str:
+    """The job's failure line for ``error``, whitespace collapsed to one line.
+
+    A :class:`MergeJobError` keeps its whole message (``[ERROR_CLASS] ...``); any other error its first line.
+    """
+    text = str(error) if isinstance(error, MergeJobError) else (str(error).splitlines() or [""])[0]
+    return " ".join(f"{FAILURE_PREFIX}{type(error).__name__}: {text}".split())
+
+
+def parse_failure_line(line: str) -> JobFailure | None:
+    """The failure a line of the job's output reports, or None (also for a line that only mentions it)."""
+    match = _FAILURE.search(line)
+    return None if match is None else JobFailure(match["kind"], match["message"])
+
+
+def metrics_line(metrics: Mapping[str, Any]) -> str:
+    """The job's metrics line: :data:`METRICS_PREFIX` and the metrics as compact, sorted JSON."""
+    return METRICS_PREFIX + json.dumps(dict(metrics), sort_keys=True)
+
+
+def parse_metrics_line(line: str) -> dict[str, Any] | None:
+    """The metrics of a metrics line, or None for any other line. The prefix may follow other text (a JVM
+    log line can share the pipe).
+
+    :raises ValueError: the line has the prefix but no JSON object after it.
+    """
+    at = line.find(METRICS_PREFIX)
+    if at < 0:
+        return None
+    value = json.loads(line[at + len(METRICS_PREFIX) :])
+    if not isinstance(value, dict):
+        raise ValueError(f"expected a JSON object after {METRICS_PREFIX}, found {type(value).__name__}")
+    return value
+
+
+def find_app_transaction_commit(
+    uri: str, app_id: str, app_version: int, *, storage_options: Mapping[str, str] | None = None
+) -> tuple[int, dict[str, Any]] | None:
+    """The version and commitInfo of the commit that recorded app transaction ``(app_id, app_version)``,
+    or None when the table has not recorded that version (imports deltalake when called).
+
+    :raises MergeJobError: the table cannot be read.
+    """
+    from spark_jobs.delta_merge.commit import find_app_transaction_commit as find
+
+    return find(uri, app_id, app_version, storage_options=storage_options)
+
+
+def __getattr__(name: str) -> Any:
+    # MergeSpec loads the SQL parser (sqlglot): only when the provider first builds or reads a spec.
+    if name == "MergeSpec":
+        from spark_jobs.delta_merge.spec import MergeSpec
+
+        return MergeSpec
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
