@@ -69,4 +69,5 @@ def scan_files(
         ]
         values = spark.createDataFrame(part_rows, part_schema)
         df = df.join(F.broadcast(values), on=FILE_KEY_COLUMN, how="inner")
-    return df.select(*[f.name for f in out_fields])
+    # Quoted: a name with a dot (`value.a`) is one column, not the field a of a struct value.
+    return df.select(*[F.col(f"`{f.name.replace('`', '``')}`") for f in out_fields])
