@@ -84,6 +84,12 @@ def _quote(parts: Sequence[str]) -> str:
     return ".".join(f"`{p}`" for p in parts)
 
 
+def _as_condition(sql: str, sql_type: DataType) -> str:
+    # `ON NULL` (or `AND NULL`) is VOID-typed, which Spark's joins and CASE WHEN refuse; as a BOOLEAN
+    # NULL it holds for no row, so every row is unmatched, as in Delta.
+    return f"CAST(({sql}) AS BOOLEAN)" if isinstance(sql_type, NullType) else sql
+
+
 class _Resolver:
     def __init__(
         self, spark: SparkSession, parsed: ParsedMerge, target_schema: StructType,
@@ -148,12 +154,12 @@ class _Resolver:
 
     # -- clauses ------------------------------------------------------------------------------------
     def resolve(self) -> MergePlan:
-        self.expr_type(self.parsed.condition, self.joined_df, "search condition")
+        condition_type = self.expr_type(self.parsed.condition, self.joined_df, "search condition")
         clauses = tuple(self._clause(c) for c in self.parsed.clauses)
         return MergePlan(
             target_alias=self.t,
             source_alias=self.s,
-            condition=self.parsed.condition,
+            condition=_as_condition(self.parsed.condition, condition_type),
             clauses=clauses,
             target_schema=self.target_schema,
             final_schema=self.final_schema,
@@ -168,7 +174,7 @@ class _Resolver:
         condition = None
         if clause.condition is not None:
             condition, df = self.side_sql(clause.condition, clause, f"{name} condition")
-            self.expr_type(condition, df, f"{name} condition")
+            condition = _as_condition(condition, self.expr_type(condition, df, f"{name} condition"))
         outputs: tuple[Column, ...] | None = None
         generated: set[str] = set()
         if clause.action == "update_all":

@@ -67,6 +67,10 @@ class _Rewriter:
     def rewrite(self, node: exp.Expr) -> exp.Expr | None:
         while isinstance(node, exp.Paren):
             node = node.this
+        if not list(node.find_all(exp.Column)):
+            # A constant (ON false, ON NULL): kept as a file filter. A VOID-typed NULL is no filter Spark
+            # accepts, so it is cast; as a BOOLEAN NULL it keeps no file, since no row can match.
+            return exp.Cast(this=node.copy(), to=exp.DataType.build("boolean"))
         if self._only_partition_columns(node):
             out = node.copy()
             for col in list(out.find_all(exp.Column)):
