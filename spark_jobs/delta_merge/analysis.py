@@ -78,6 +78,7 @@ _CLAUSE_NAMES = {
     ("not_matched_by_source", "delete"): "DELETE",
 }
 _UNRESOLVED = re.compile(r"name (`[^ ]+`) cannot be resolved")
+_UNRESOLVED_CLASS = "DELTA_MERGE_UNRESOLVED_EXPRESSION"
 
 
 def _quote(parts: Sequence[str]) -> str:
@@ -127,7 +128,8 @@ class _Resolver:
             if match:
                 raise MergeAnalysisError(
                     f"cannot resolve {match.group(1)} in {where} given columns {self._columns_of(df)}. "
-                    "Check the column name and the alias it is qualified with."
+                    "Check the column name and the alias it is qualified with.",
+                    error_class=_UNRESOLVED_CLASS,
                 ) from exc
             raise MergeAnalysisError(
                 f"Invalid expression in {where}: {sql}: {message.splitlines()[0]}"
@@ -148,7 +150,8 @@ class _Resolver:
                 f"cannot resolve {foreign[0]} in {where} given columns {self._columns_of(df)}. "
                 f"A {'NOT MATCHED' if clause.when == 'not_matched' else 'NOT MATCHED BY SOURCE'} clause "
                 "sees only the "
-                f"{'source' if clause.when == 'not_matched' else 'target'} row."
+                f"{'source' if clause.when == 'not_matched' else 'target'} row.",
+                error_class=_UNRESOLVED_CLASS,
             )
         return qualified, df
 
@@ -207,13 +210,21 @@ class _Resolver:
         )
 
     def _star(self, clause: MergeClause, *, update: bool, generated: set[str]) -> tuple[Column, ...]:
-        """``SET *`` / ``INSERT *``; a generated column the source lacks is added to ``generated``."""
+        """``SET *`` / ``INSERT *``; a generated column the source lacks is added to ``generated``.
+
+        With schema evolution Delta unfolds ``UPDATE SET *`` into one assignment per leaf field of the
+        source, so a target struct field the source struct lacks keeps its value; ``INSERT *`` and
+        ``SET *`` without evolution assign each whole column by name.
+        """
         df = self.joined_df if update else self.source_df
         where = "UPDATE clause" if update else "INSERT clause"
+        if update and self.options.schema_evolution:
+            tree = self._source_leaves(self.source_schema, self.final_schema, ())
+            return self._tree_outputs(tree, clause, update=True, where=where, generated=generated)
         outputs: list[Column] = []
         for field in self.final_schema.fields:
             source_field = find_field(self.source_schema, field.name)
-            if source_field is None or (isinstance(source_field.dataType, NullType) and update):
+            if source_field is None:
                 if field.name.lower() in self.generated:
                     generated.add(field.name)
                 if (self.options.schema_evolution or find_field(self.target_schema, field.name) is None
@@ -224,7 +235,8 @@ class _Resolver:
                 raise MergeAnalysisError(
                     f"cannot resolve {self.s}.{field.name} in {where} given columns {self._columns_of(df)}. "
                     f"`{'UPDATE SET *' if update else 'INSERT *'}` needs a source column for every target "
-                    "column; enable options.schema_evolution or list the columns explicitly."
+                    "column; enable options.schema_evolution or list the columns explicitly.",
+                    error_class=_UNRESOLVED_CLASS,
                 )
             value = F.col(_quote((self.s, source_field.name)))
             outputs.append(
@@ -233,18 +245,42 @@ class _Resolver:
             )
         return tuple(outputs)
 
+    def _source_leaves(self, source: StructType, final: StructType, path: tuple[str, ...]) -> dict[str, Any]:
+        """An assignment tree (as ``_explicit`` builds) assigning every leaf of the source by its name."""
+        tree: dict[str, Any] = {}
+        for field in source.fields:
+            final_field = find_field(final, field.name)
+            if final_field is None:
+                continue
+            if isinstance(field.dataType, StructType) and isinstance(final_field.dataType, StructType):
+                tree[field.name.lower()] = self._source_leaves(
+                    field.dataType, final_field.dataType, (*path, field.name))
+            else:
+                tree[field.name.lower()] = {"": _quote((self.s, *path, field.name))}
+        return tree
+
     def _explicit(
         self, clause: MergeClause, *, update: bool, where: str, generated: set[str]
     ) -> tuple[Column, ...]:
-        """Explicit assignments; an unassigned generated column is added to ``generated``."""
+        """Explicit assignments; an unassigned generated column is added to ``generated``.
+
+        NOT MATCHED BY SOURCE clauses assign only the target's own columns: schema evolution adds
+        columns only for the other clauses (Delta resolves their columns against the target alone).
+        """
         # A tree of assignments: {column: {"": value} | {field: ...}} keyed by lower-cased name.
         tree: dict[str, Any] = {}
+        schema = self.target_schema if clause.when == "not_matched_by_source" else self.final_schema
         for assignment in clause.assignments:
-            path = self._resolve_path(assignment.column, where, update=update)
+            path = self._resolve_path(assignment.column, where, schema=schema)
             node = tree
             for part in path[:-1]:
                 node = node.setdefault(part.lower(), {})
             node[path[-1].lower()] = {"": assignment.value}
+        return self._tree_outputs(tree, clause, update=update, where=where, generated=generated)
+
+    def _tree_outputs(
+        self, tree: dict[str, Any], clause: MergeClause, *, update: bool, where: str, generated: set[str]
+    ) -> tuple[Column, ...]:
         outputs: list[Column] = []
         for field in self.final_schema.fields:
             assigned = tree.get(field.name.lower())
@@ -298,8 +334,8 @@ class _Resolver:
             current = found.dataType
         return current
 
-    def _resolve_path(self, column: Sequence[str], where: str, *, update: bool) -> tuple[str, ...]:
-        current: DataType = self.final_schema
+    def _resolve_path(self, column: Sequence[str], where: str, *, schema: StructType) -> tuple[str, ...]:
+        current: DataType = schema
         resolved: list[str] = []
         for index, part in enumerate(column):
             found = find_field(current, part) if isinstance(current, StructType) else None
@@ -312,7 +348,8 @@ class _Resolver:
                 raise MergeAnalysisError(
                     f"cannot resolve {'.'.join(column)} in {where} given columns {given}. "
                     "The assigned column must exist in the target table (or, with schema evolution, in "
-                    "the source under the same name)."
+                    "the source under the same name).",
+                    error_class=_UNRESOLVED_CLASS,
                 )
             resolved.append(found.name)
             current = found.dataType
