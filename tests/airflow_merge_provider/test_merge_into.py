@@ -338,8 +338,12 @@ def test_a_cleared_run_applies_the_merge_again(
         ("ExpectationFailedError", False),
         ("MergeAnalysisError", False),
         ("MultipleSourceRowMatchesError", False),
+        ("CastFailureError", False),
+        ("ConstraintViolationError", False),
+        ("UnsupportedTableFeatureError", False),
         ("ConcurrentModificationError", True),
         ("MergeExecutionError", True),
+        ("Py4JJavaError", True),
     ],
 )
 def test_job_failures_are_classified_by_the_error_type_the_job_reports(

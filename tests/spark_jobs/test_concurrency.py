@@ -458,7 +458,8 @@ def test_overlapping_merges_and_a_writer_keep_counters_exact(tmp_path: Path) -> 
             failure = job.failure()
             assert code == 1, job.tail()
             assert failure is not None, job.tail()
-            assert failure.startswith("MERGE failed: ConcurrentModificationError: [DELTA_CONCURRENT_"), failure
+            conflict = "MERGE failed: ConcurrentModificationError: [DELTA_CONCURRENT_"
+            assert failure.startswith(conflict), failure
             conflicts.append(failure.split(": ")[2].split("] ")[1])
     assert codes[2] == 0, jobs[2].tail()
     final = counters(path)  # asserts unique keys

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -74,3 +75,57 @@ def test_spec_imports_and_validates_without_spark_arrow_deltalake_or_airflow() -
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == '{"clauses": 3, "structural": 1, "loaded": []}'
+
+
+# The provider's import of the job: also without the SQL parser, which only MergeSpec needs.
+CONTRACT_SCRIPT = textwrap.dedent(
+    """
+    import json
+    import sys
+
+    BLOCKED = {"pyspark", "py4j", "deltalake", "pyarrow", "airflow", "pandas", "sqlglot"}
+
+
+    class Blocker:
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in BLOCKED:
+                raise ImportError(f"{name} is blocked in this test")
+            return None
+
+
+    sys.meta_path.insert(0, Blocker())
+
+    from spark_jobs.delta_merge import contract
+    from spark_jobs.delta_merge.errors import ConstraintViolationError
+
+    line = contract.failure_line(ConstraintViolationError(
+        "NOT NULL constraint violated for column: n.", error_class="DELTA_NOT_NULL_CONSTRAINT_VIOLATED"))
+    failure = contract.parse_failure_line(line)
+    metrics = contract.MergeMetrics.from_mapping(
+        contract.parse_metrics_line(contract.metrics_line({"numTargetRowsInserted": 3})))
+    try:
+        contract.MergeSpec
+    except ImportError:
+        spec = "lazy"
+    else:
+        spec = "loaded"
+    loaded = sorted({m.split(".")[0] for m in sys.modules} & BLOCKED)
+    print(json.dumps({"kind": failure.kind, "deterministic": failure.deterministic,
+                      "inserted": metrics.numTargetRowsInserted, "spec": spec, "loaded": loaded,
+                      "failed": contract.failed_expectations({"numTargetRowsInserted": 3},
+                                                             {"numTargetRowsInserted": {"equal_to": 3}})}))
+    """
+)
+
+
+def test_the_contract_imports_without_spark_arrow_deltalake_airflow_or_the_sql_parser() -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run(
+        [sys.executable, "-c", CONTRACT_SCRIPT],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == {
+        "kind": "ConstraintViolationError", "deterministic": True, "inserted": 3, "spec": "lazy",
+        "loaded": [], "failed": [],
+    }

@@ -143,7 +143,8 @@ def test_empty_table(tmp_path: Path) -> None:
 
 
 def test_missing_path(tmp_path: Path) -> None:
-    with pytest.raises(MergeAnalysisError, match=r"^\[DELTA_MISSING_DELTA_TABLE\] .*nope is not a Delta table\. .*nope does not exist"):
+    missing = r"^\[DELTA_MISSING_DELTA_TABLE\] .*nope is not a Delta table\. .*nope does not exist"
+    with pytest.raises(MergeAnalysisError, match=missing):
         load_snapshot(str(tmp_path / "nope"))
 
 

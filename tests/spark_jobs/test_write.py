@@ -364,7 +364,8 @@ def test_failed_task_deletes_its_files(tmp_path: Path, failure: str) -> None:
         x = pa.array([None, 3], pa.int64())
         bad = good.set_column(1, "st", pa.StructArray.from_arrays([x], names=["x"]))
     column = "id" if failure == "not null" else "st.x"
-    with pytest.raises(ConstraintViolationError, match=f"NOT NULL constraint violated for column: {column}\\."):
+    violated = f"NOT NULL constraint violated for column: {column}\\."
+    with pytest.raises(ConstraintViolationError, match=violated):
         list(write_task(plan, iter([good, bad])))
     assert not list(tmp_path.rglob("*.parquet"))
     # A NULL under a NULL parent is no violation: the same batch writes.
