@@ -35,10 +35,23 @@ _KIND_SQL: dict[ClauseKind, str] = {
     "not_matched": "NOT MATCHED [BY TARGET]",
     "not_matched_by_source": "NOT MATCHED BY SOURCE",
 }
-_OMIT_CONDITION_CLASSES: dict[ClauseKind, str] = {
-    "matched": "DELTA_NON_LAST_MATCHED_CLAUSE_OMIT_CONDITION",
-    "not_matched": "DELTA_NON_LAST_NOT_MATCHED_CLAUSE_OMIT_CONDITION",
-    "not_matched_by_source": "DELTA_NON_LAST_NOT_MATCHED_BY_SOURCE_CLAUSE_OMIT_CONDITION",
+# Spark's parser raises these for MERGE text (Delta runs SQL through it); Delta's merge builder raises its
+# own for clauses given as data, with the kind named without "[BY TARGET]".
+_SQL_OMIT_CONDITION: dict[ClauseKind, tuple[str, str]] = {
+    "matched": ("NON_LAST_MATCHED_CLAUSE_OMIT_CONDITION", "MATCHED"),
+    "not_matched": ("NON_LAST_NOT_MATCHED_BY_TARGET_CLAUSE_OMIT_CONDITION", "NOT MATCHED [BY TARGET]"),
+    "not_matched_by_source": (
+        "NON_LAST_NOT_MATCHED_BY_SOURCE_CLAUSE_OMIT_CONDITION",
+        "NOT MATCHED BY SOURCE",
+    ),
+}
+_STRUCTURAL_OMIT_CONDITION: dict[ClauseKind, tuple[str, str]] = {
+    "matched": ("DELTA_NON_LAST_MATCHED_CLAUSE_OMIT_CONDITION", "MATCHED"),
+    "not_matched": ("DELTA_NON_LAST_NOT_MATCHED_CLAUSE_OMIT_CONDITION", "NOT MATCHED"),
+    "not_matched_by_source": (
+        "DELTA_NON_LAST_NOT_MATCHED_BY_SOURCE_CLAUSE_OMIT_CONDITION",
+        "NOT MATCHED BY SOURCE",
+    ),
 }
 _ACTION_SQL: dict[ActionKind, tuple[str, ClauseAction]] = {
     "update": ("UPDATE SET ...", "UPDATE"),
@@ -139,7 +152,7 @@ def check_parsed_merge(parsed: ParsedMerge, *, sql_form: bool) -> None:
                 f"{fields.clause(index)}: expected one of {', '.join(allowed)} in a WHEN "
                 f"{_KIND_SQL[clause.when]} clause, found {clause.action} ({_ACTION_SQL[clause.action][0]})"
             )
-    _check_clause_order(parsed, field=field)
+    _check_clause_order(parsed, field=field, sql_form=sql_form)
     for index, clause in enumerate(parsed.clauses):
         _check_assignments(clause, field=fields.clause(index))
     check_expression(parsed.condition, field=fields.on(), context="search condition")
@@ -156,8 +169,10 @@ def check_parsed_merge(parsed: ParsedMerge, *, sql_form: bool) -> None:
             check_expression(a.value, field=where, context="assignment")
 
 
-def _check_clause_order(parsed: ParsedMerge, *, field: str) -> None:
-    for kind, name in _KIND_SQL.items():
+def _check_clause_order(parsed: ParsedMerge, *, field: str, sql_form: bool) -> None:
+    for kind, (error_class, name) in (
+        _SQL_OMIT_CONDITION if sql_form else _STRUCTURAL_OMIT_CONDITION
+    ).items():
         of_kind = parsed.clauses_of(kind)
         unconditional = [i for i, c in enumerate(of_kind[:-1]) if c.condition is None]
         if unconditional:
@@ -165,7 +180,7 @@ def _check_clause_order(parsed: ParsedMerge, *, field: str) -> None:
                 f"{field}: When there are more than one {name} clauses in a MERGE statement, only the last "
                 f"{name} clause can omit the condition. Found an unconditional {name} clause at position "
                 f"{unconditional[0] + 1} of {len(of_kind)}.",
-                error_class=_OMIT_CONDITION_CLASSES[kind],
+                error_class=error_class,
             )
 
 

@@ -431,15 +431,18 @@ class _StatementParser:
     def _unexpected(self, expected: str) -> MergeSpecError:
         if self.i >= len(self.tokens):
             return MergeSpecError(
-                f"{self.field}: expected {expected}, found the end of the statement", error_class=_SYNTAX
+                f"{self.field}: Syntax error at or near end of input: expected {expected}, found the end of "
+                "the statement",
+                error_class=_SYNTAX,
             )
         offset = self.tokens[self.i].start
         line = self.sql.count("\n", 0, offset) + 1
         column = offset - self.sql.rfind("\n", 0, offset)
         hint = _HINTS.get(self._raw(self.i).upper())
         return MergeSpecError(
-            f"{self.field}: expected {expected}, found {self._rest(self.i)!r} at line {line}, column {column}"
-            f"{f' ({hint})' if hint else ''}. Spark SQL refuses this statement.",
+            f"{self.field}: Syntax error at or near {self._raw(self.i)!r}: expected {expected}, found "
+            f"{self._rest(self.i)!r} at line {line}, column {column}{f' ({hint})' if hint else ''}. Spark "
+            "SQL refuses this statement.",
             error_class=_SYNTAX,
         )
 

@@ -87,9 +87,9 @@ def _with(**extra: Any) -> Callable[[str, str], dict[str, Any]]:
 
 
 SPEC_CASES = [
-    ("bad-sql", _sql(ON + "WHEN MATCHED THEN UPDATE SET v = 1 +"), "found a syntax error at line 1"),
-    ("not-a-merge", _sql("DELETE FROM t WHERE id = 1"), "expected a MERGE INTO statement, found DELETE"),
-    ("select", _sql("SELECT * FROM t"), "expected a MERGE INTO statement, found SELECT"),
+    ("bad-sql", _sql(ON + "WHEN MATCHED THEN UPDATE SET v = 1 +"), "after the value of SET v '1', found '+'"),
+    ("not-a-merge", _sql("DELETE FROM t WHERE id = 1"), "expected a MERGE INTO statement, found 'DELETE"),
+    ("select", _sql("SELECT * FROM t"), "expected a MERGE INTO statement, found 'SELECT * FROM t'"),
     ("no-when-clause", _sql("MERGE INTO t USING s ON t.id = s.id"), "There must be at least one WHEN clause"),
     ("semicolon-injection", _sql(ON + "WHEN MATCHED AND 1=1; DROP TABLE x THEN DELETE"),
      "expected a single statement or expression, found ';'"),
@@ -114,7 +114,7 @@ SPEC_CASES = [
     ("insert-column-twice", _sql(ON + "WHEN NOT MATCHED THEN INSERT (id, id) VALUES (s.id, s.id)"),
      "Duplicate column names in INSERT clause"),
     ("nmbs-insert", _sql(ON + "WHEN NOT MATCHED BY SOURCE THEN INSERT *"),
-     "expected one of update, delete in a WHEN NOT MATCHED BY SOURCE clause, found insert_all"),
+     "expected UPDATE or DELETE after WHEN NOT MATCHED BY SOURCE ... THEN, found 'INSERT *'"),
     ("window-in-set", _sql(ON + "WHEN MATCHED THEN UPDATE SET v = row_number() OVER (ORDER BY s.id)"),
      "found window, aggregate or generator functions in the assignments"),
     ("aggregate-in-condition", _sql(ON + "WHEN MATCHED AND max(s.n) > 1 THEN DELETE"),

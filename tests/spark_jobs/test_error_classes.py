@@ -69,6 +69,15 @@ def _validate(sql: str) -> Callable[[Context], object]:
     return trigger
 
 
+def _validate_clauses(clauses: list[dict[str, str]]) -> Callable[[Context], object]:
+    def trigger(_: Context) -> object:
+        spec = {"target": {"uri": "/data/t"}, "source": {"uri": "/data/s"}, "condition": "t.id = s.id",
+                "target_alias": "t", "source_alias": "s", "clauses": clauses}
+        return MergeSpec.from_dict(spec).validate()
+
+    return trigger
+
+
 # -- conflicts with concurrent commits (pure: the winning commit's actions are given) ------------------------
 READ = ReadSet(
     whole_table=False, read_paths=frozenset({"p=a/read.parquet", "p=a/removed.parquet"}),
@@ -220,17 +229,34 @@ ROWS: list[Row] = [
     # Statement rules (MergeSpec.validate, no JVM).
     Row("DELTA_MERGE_MISSING_WHEN", _validate("MERGE INTO t USING s ON t.id = s.id"),
         ("There must be at least one WHEN clause in a MERGE statement.",)),
-    Row("DELTA_NON_LAST_MATCHED_CLAUSE_OMIT_CONDITION",
+    # MERGE text: Spark's parser raises these (Delta runs SQL through it).
+    Row("NON_LAST_MATCHED_CLAUSE_OMIT_CONDITION",
         _validate(ON + "WHEN MATCHED THEN DELETE WHEN MATCHED AND s.v > 'a' THEN UPDATE SET *"),
         ("When there are more than one MATCHED clauses in a MERGE statement, only the last MATCHED clause "
          "can omit the condition.",)),
-    Row("DELTA_NON_LAST_NOT_MATCHED_CLAUSE_OMIT_CONDITION",
+    Row("NON_LAST_NOT_MATCHED_BY_TARGET_CLAUSE_OMIT_CONDITION",
         _validate(ON + "WHEN NOT MATCHED THEN INSERT * WHEN NOT MATCHED AND s.v > 'a' THEN INSERT *"),
+        ("When there are more than one NOT MATCHED [BY TARGET] clauses in a MERGE statement, only the last "
+         "NOT MATCHED [BY TARGET] clause can omit the condition.",)),
+    Row("NON_LAST_NOT_MATCHED_BY_SOURCE_CLAUSE_OMIT_CONDITION",
+        _validate(ON + "WHEN NOT MATCHED BY SOURCE THEN DELETE "
+                  "WHEN NOT MATCHED BY SOURCE AND t.v > 'a' THEN DELETE"),
+        ("When there are more than one NOT MATCHED BY SOURCE clauses in a MERGE statement, only the last NOT "
+         "MATCHED BY SOURCE clause can omit the condition.",)),
+    # Clauses given as data: Delta's merge builder raises these.
+    Row("DELTA_NON_LAST_MATCHED_CLAUSE_OMIT_CONDITION",
+        _validate_clauses([{"when": "matched", "action": "delete"},
+                           {"when": "matched", "action": "update_all", "condition": "s.v > 'a'"}]),
+        ("When there are more than one MATCHED clauses in a MERGE statement, only the last MATCHED clause "
+         "can omit the condition.",)),
+    Row("DELTA_NON_LAST_NOT_MATCHED_CLAUSE_OMIT_CONDITION",
+        _validate_clauses([{"when": "not_matched", "action": "insert_all"},
+                           {"when": "not_matched", "action": "insert_all", "condition": "s.v > 'a'"}]),
         ("When there are more than one NOT MATCHED clauses in a MERGE statement, only the last NOT MATCHED "
          "clause can omit the condition",)),
     Row("DELTA_NON_LAST_NOT_MATCHED_BY_SOURCE_CLAUSE_OMIT_CONDITION",
-        _validate(ON + "WHEN NOT MATCHED BY SOURCE THEN DELETE "
-                  "WHEN NOT MATCHED BY SOURCE AND t.v > 'a' THEN DELETE"),
+        _validate_clauses([{"when": "not_matched_by_source", "action": "delete"},
+                           {"when": "not_matched_by_source", "action": "delete", "condition": "t.v > 'a'"}]),
         ("When there are more than one NOT MATCHED BY SOURCE clauses in a MERGE statement, only the last NOT "
          "MATCHED BY SOURCE clause can omit the condition.",)),
     Row("DELTA_CONFLICT_SET_COLUMN", _validate(ON + "WHEN MATCHED THEN UPDATE SET v = s.v, v = 'x'"),

@@ -294,27 +294,32 @@ def test_clause_order_rule_in_structural_form() -> None:
     [
         (
             "WHEN MATCHED THEN INSERT *",
-            "merge_sql: expected UPDATE or DELETE after WHEN MATCHED ... THEN, found 'INSERT *' at line 1, "
+            "merge_sql: Syntax error at or near 'INSERT': expected UPDATE or DELETE after WHEN MATCHED ... "
+            "THEN, found 'INSERT *' at line 1, "
             "column 69. Spark SQL refuses this statement.",
         ),
         (
             "WHEN NOT MATCHED THEN DELETE",
-            "merge_sql: expected INSERT after WHEN NOT MATCHED ... THEN, found 'DELETE' at line 1, column 73."
+            "merge_sql: Syntax error at or near 'DELETE': expected INSERT after WHEN NOT MATCHED ... THEN, "
+            "found 'DELETE' at line 1, column 73."
             " Spark SQL refuses this statement.",
         ),
         (
             "WHEN NOT MATCHED THEN UPDATE SET v = 1",
-            "merge_sql: expected INSERT after WHEN NOT MATCHED ... THEN, found 'UPDATE SET v = 1' at line 1, "
+            "merge_sql: Syntax error at or near 'UPDATE': expected INSERT after WHEN NOT MATCHED ... THEN, "
+            "found 'UPDATE SET v = 1' at line 1, "
             "column 73. Spark SQL refuses this statement.",
         ),
         (
             "WHEN NOT MATCHED BY SOURCE THEN UPDATE SET *",
-            "merge_sql: expected SET <column> = <value>: WHEN NOT MATCHED BY SOURCE has no source row for "
+            "merge_sql: Syntax error at or near '*': expected SET <column> = <value>: WHEN NOT MATCHED BY "
+            "SOURCE has no source row for "
             "UPDATE SET *, found '*' at line 1, column 94. Spark SQL refuses this statement.",
         ),
         (
             "WHEN NOT MATCHED BY SOURCE THEN INSERT (v) VALUES (1)",
-            "merge_sql: expected UPDATE or DELETE after WHEN NOT MATCHED BY SOURCE ... THEN, found "
+            "merge_sql: Syntax error at or near 'INSERT': expected UPDATE or DELETE after WHEN NOT MATCHED "
+            "BY SOURCE ... THEN, found "
             "'INSERT (v) VALUES (1)' at line 1, column 83. Spark SQL refuses this statement.",
         ),
     ],
@@ -453,7 +458,8 @@ def test_syntax_errors_carry_their_position(sql: str, start: str) -> None:
     with pytest.raises(MergeSpecError) as error:
         validate_sql(sql)
     assert error.value.error_class == "PARSE_SYNTAX_ERROR"
-    assert error.value.bare_message.startswith(f"merge_sql: {start}")
+    assert error.value.bare_message.startswith("merge_sql: Syntax error at or near ")
+    assert start in error.value.bare_message
 
 
 @pytest.mark.parametrize(
@@ -469,7 +475,9 @@ def test_syntax_errors_carry_their_position(sql: str, start: str) -> None:
 def test_non_merge_statements(sql: str) -> None:
     with pytest.raises(MergeSpecError) as error:
         validate_sql(sql)
-    assert error.value.bare_message.startswith(f"merge_sql: expected a MERGE INTO statement, found {sql!r}")
+    near = f"Syntax error at or near {sql.split()[0]!r}"
+    expected = f"merge_sql: {near}: expected a MERGE INTO statement, found {sql!r}"
+    assert error.value.bare_message.startswith(expected)
 
 
 @pytest.mark.parametrize(
@@ -583,7 +591,11 @@ def test_check_parsed_merge_on_a_hand_built_merge() -> None:
             "-- MERGE INTO t",
             "merge_sql: expected Spark SQL, found only comments or blanks: '-- MERGE INTO t'",
         ),
-        (";", "merge_sql: expected a MERGE INTO statement, found the end of the statement"),
+        (
+            ";",
+            "merge_sql: Syntax error at or near end of input: expected a MERGE INTO statement, found the end "
+            "of the statement",
+        ),
         ("", "merge_sql: expected a MERGE INTO statement, found '' (str)"),
     ],
 )

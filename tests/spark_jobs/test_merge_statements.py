@@ -62,8 +62,8 @@ def test_the_statement_a_new_user_tried_is_refused_with_where_it_stops() -> None
     with pytest.raises(MergeSpecError) as error:
         parse_merge_sql(HEAD + "WHEN MATCHED THEN UPDATE SET balance = -1 WHERE t.id < 0")
     assert error.value.bare_message.startswith(
-        "merge_sql: expected ',', another WHEN clause or the end of the statement after the value of SET "
-        "balance '-1', found 'WHERE t.id < 0' at line 1, column 93"
+        "merge_sql: Syntax error at or near 'WHERE': expected ',', another WHEN clause or the end of the "
+        "statement after the value of SET balance '-1', found 'WHERE t.id < 0' at line 1, column 93"
     )
 
 
