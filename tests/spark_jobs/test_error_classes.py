@@ -329,8 +329,9 @@ ROWS: list[Row] = [
     Row("DELTA_UNRECOGNIZED_INVARIANT", unrecognized_invariant,
         ("Unrecognized invariant. Please upgrade your Spark version.",)),
     # Merges: analysis, the data, constraints.
+    # Lower case, as Delta's MERGE test suites assert it ("cannot resolve x in UPDATE clause").
     Row("DELTA_MERGE_UNRESOLVED_EXPRESSION", _merge(ON + "WHEN MATCHED AND s.nope > 1 THEN DELETE", _kv()),
-        ("Cannot resolve ", " given "), spark=True),
+        ("cannot resolve ", " given "), spark=True),
     Row("DELTA_MULTIPLE_SOURCE_ROW_MATCHING_TARGET_ROW_IN_MERGE",
         _merge(UPSERT, _kv((2, 20, "B"), (2, 21, "BB"))), (MULTIPLE_MATCHES,), spark=True),
     Row("DELTA_VIOLATE_CONSTRAINT_WITH_VALUES",
