@@ -5,7 +5,6 @@ Reads the log through deltalake (imported lazily: DAG parsing must not load it);
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -20,6 +19,7 @@ from spark_jobs.delta_merge.contract import (
     MERGE_OPERATION,
     MergeJobError,
     find_app_transaction_commit,
+    read_commit_actions,
 )
 
 __all__ = ["MergeCommit", "find_merge_commit", "normalize_table_uri"]
@@ -135,13 +135,7 @@ def _first_merge_after(uri: str, after_version: int, options: dict[str, str] | N
 
 def _commit_actions(uri: str, version: int, options: dict[str, str] | None) -> list[dict[str, Any]]:
     """The actions of one commit file; none when it was cleaned up (then there is nothing to report)."""
-    from deltalake.fs import DeltaStorageHandler
-
-    try:
-        raw = DeltaStorageHandler(uri, options).open_input_file(f"_delta_log/{version:020d}.json").read()
-    except FileNotFoundError:
-        return []
-    return [json.loads(line) for line in raw.decode("utf-8").splitlines() if line.strip()]
+    return read_commit_actions(uri, version, storage_options=options) or []
 
 
 def _load(uri: str, options: dict[str, str] | None) -> Any:

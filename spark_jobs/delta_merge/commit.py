@@ -1,20 +1,26 @@
-"""Commit one merge as one Delta version through deltalake, as a compare-and-swap on a base version."""
+"""Commit one merge as one Delta version: its actions per PROTOCOL.md, put-if-absent on a base version.
+
+deltalake's write-transaction API takes only adds and removes (no metaData beside removes, operation forced
+to WRITE), so the merge's commit file is written here (``log_store``); deltalake stays the log reader and
+writes the checkpoints.
+"""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from importlib import metadata as package_metadata
 from typing import TYPE_CHECKING, Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import urlsplit
 
 import deltalake
-from deltalake.exceptions import CommitFailedError, DeltaError
-from deltalake.fs import DeltaStorageHandler
-from deltalake.transaction import AddAction, CommitProperties, RemoveAction, Transaction
+from deltalake.exceptions import DeltaError
+from obstore.exceptions import BaseError as StoreError
 
 from spark_jobs.delta_merge.contract import MERGE_ENGINE, MERGE_OPERATION
 from spark_jobs.delta_merge.errors import (
@@ -24,6 +30,8 @@ from spark_jobs.delta_merge.errors import (
     MergeSpecError,
 )
 from spark_jobs.delta_merge.files import LiveFile, WrittenFile
+from spark_jobs.delta_merge.log_store import latest_version as _probe_latest
+from spark_jobs.delta_merge.log_store import log_store, read_commit, write_commit
 
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
@@ -31,31 +39,54 @@ if TYPE_CHECKING:
     from spark_jobs.delta_merge.snapshot import TargetSnapshot
 
 __all__ = [
-    "ISOLATION_LEVELS", "MERGE_ENGINE", "MERGE_OPERATION", "SCHEMA_EVOLUTION_OPERATION", "CommitPlan",
-    "attempt_commit", "commit_merge", "find_app_transaction_commit", "latest_version", "plan_commit",
-    "read_commit_actions", "read_commit_info",
+    "ISOLATION_LEVELS",
+    "MERGE_ENGINE",
+    "MERGE_OPERATION",
+    "CommitPlan",
+    "attempt_commit",
+    "commit_merge",
+    "find_app_transaction_commit",
+    "latest_version",
+    "plan_commit",
+    "read_commit_actions",
+    "read_commit_info",
 ]
 
+log = logging.getLogger("delta_merge")
+
 # MERGE_ENGINE and MERGE_OPERATION (commitInfo keys of a merge commit) belong to the provider contract.
-SCHEMA_EVOLUTION_OPERATION = "MERGE SCHEMA EVOLUTION"  # ... of the metadata-only commit before it
 ISOLATION_LEVELS = ("Serializable", "WriteSerializable", "SnapshotIsolation")
-_COMMIT_FILE = "_delta_log/{:020d}.json"
 _CONCURRENCY_DOC = "https://docs.delta.io/latest/concurrency-control.html"
+_DEFAULT_CHECKPOINT_INTERVAL = 10
 # Keys deltalake generates or this module sets: commit_metadata must not override them.
-_RESERVED_KEYS = frozenset({
-    "timestamp", "operation", "operationParameters", "operationMetrics", "readVersion", "isolationLevel",
-    "isBlindAppend", "engineInfo", "clientVersion", "txnId", "mergeEngine", "mergeOperation",
-    "mergeCommitToken",
-})
+_RESERVED_KEYS = frozenset(
+    {
+        "timestamp",
+        "operation",
+        "operationParameters",
+        "operationMetrics",
+        "readVersion",
+        "isolationLevel",
+        "isBlindAppend",
+        "engineInfo",
+        "clientVersion",
+        "txnId",
+        "mergeEngine",
+        "mergeOperation",
+        "mergeCommitToken",
+    }
+)
 
 
 @dataclass(frozen=True)
 class CommitPlan:
     """Everything one merge commits, independent of the version it finally lands on.
 
-    :param new_schema_json: the evolved schema, or None when the merge keeps the table schema.
-    :param token: a random id recorded in commitInfo (``mergeCommitToken``) of every commit of this
-        plan, so a retry can recognise its own schema-evolution commit.
+    :param new_schema_json: the evolved schema, or None when the merge keeps the table schema; it is
+        committed as a ``metaData`` action in the same version as the data.
+    :param token: a random id recorded in commitInfo (``mergeCommitToken``) and as its ``txnId``.
+    :param checkpoint_interval: the table's ``delta.checkpointInterval``: a checkpoint follows every
+        version divisible by it, as Delta writers do.
     """
 
     table_uri: str
@@ -68,6 +99,7 @@ class CommitPlan:
     new_schema_json: str | None
     deletion_timestamp: int
     token: str
+    checkpoint_interval: int = _DEFAULT_CHECKPOINT_INTERVAL
 
 
 def commit_merge(
@@ -88,9 +120,15 @@ def commit_merge(
     :raises ConcurrentModificationError: someone committed after ``snapshot.version``.
     """
     plan = plan_commit(
-        snapshot, removes=removes, adds=adds, new_schema=new_schema,
-        operation_parameters=operation_parameters, operation_metrics=operation_metrics,
-        app_transaction=app_transaction, commit_metadata=commit_metadata, isolation_level=isolation_level,
+        snapshot,
+        removes=removes,
+        adds=adds,
+        new_schema=new_schema,
+        operation_parameters=operation_parameters,
+        operation_metrics=operation_metrics,
+        app_transaction=app_transaction,
+        commit_metadata=commit_metadata,
+        isolation_level=isolation_level,
     )
     return attempt_commit(plan, base_version=snapshot.version, storage_options=storage_options)
 
@@ -137,6 +175,7 @@ def plan_commit(
     token = str(uuid.uuid4())
     commit_info: dict[str, Any] = {
         **commit_metadata,
+        "operation": "MERGE",
         "operationParameters": {
             k: v if isinstance(v, str) else json.dumps(v, separators=(",", ":"))
             for k, v in operation_parameters.items()
@@ -145,15 +184,24 @@ def plan_commit(
         "readVersion": snapshot.version,
         "isolationLevel": isolation_level,
         "isBlindAppend": False,
+        "engineInfo": _engine_info(),
+        "txnId": token,
         "mergeEngine": MERGE_ENGINE,
         "mergeOperation": MERGE_OPERATION,
         "mergeCommitToken": token,
     }
     return CommitPlan(
-        table_uri=snapshot.table_uri, read_version=snapshot.version, partition_by=snapshot.partition_columns,
-        removes=tuple(removes), adds=tuple(adds), commit_info=commit_info, app_transaction=app_transaction,
+        table_uri=snapshot.table_uri,
+        read_version=snapshot.version,
+        partition_by=snapshot.partition_columns,
+        removes=tuple(removes),
+        adds=tuple(adds),
+        commit_info=commit_info,
+        app_transaction=app_transaction,
         new_schema_json=_evolved_schema_json(snapshot, new_schema),
-        deletion_timestamp=int(time.time() * 1000), token=token,
+        deletion_timestamp=int(time.time() * 1000),
+        token=token,
+        checkpoint_interval=_checkpoint_interval(snapshot.configuration),
     )
 
 
@@ -162,52 +210,114 @@ def attempt_commit(
 ) -> int:
     """Commit ``plan`` as the version right after ``base_version``, or fail: no retries, no rebase.
 
-    With a schema change, two versions are written: a metadata-only ``add_columns`` commit at
-    ``base_version + 1`` (deltalake 1.6.6 writes metaData only in overwrite mode, which cannot carry
-    explicit removes), then the files at ``base_version + 2``. Returns the data commit's version.
+    The commit file holds commitInfo, then metaData (when the schema evolved), txn, the removes and the
+    adds, and is written only if that version does not exist yet.
 
     :raises ConcurrentModificationError: a version after ``base_version`` already exists.
     :raises MergeExecutionError: the commit failed for another reason.
     """
+    version = base_version + 1
+    actions = commit_actions(plan, storage_options=storage_options, base_version=base_version)
+    try:
+        written = write_commit(log_store(plan.table_uri, storage_options), version, actions)
+    except (OSError, StoreError) as exc:
+        raise MergeExecutionError(
+            f"Commit to {plan.table_uri} on version {base_version} failed: {_first_line(exc)}. Before "
+            "retrying, check with find_app_transaction_commit or the table history whether it landed."
+        ) from exc
+    if not written:
+        raise ConcurrentModificationError(
+            "ConcurrentWriteException: A concurrent transaction has written new data since the current "
+            "transaction read the table. Please try the operation again.\n"
+            f"Refer to {_CONCURRENCY_DOC} for more details. The merge into {plan.table_uri} read version "
+            f"{plan.read_version} and committed on version {base_version}, but version {version} exists now. "
+            "Nothing of this commit landed. Re-run the merge on the new version.",
+            error_class="DELTA_CONCURRENT_WRITE",
+        )
+    _checkpoint_if_due(plan, version, storage_options)
+    return version
+
+
+def commit_actions(
+    plan: CommitPlan, *, base_version: int, storage_options: Mapping[str, str] | None = None
+) -> list[dict[str, Any]]:
+    """The actions of the merge's commit, in the order Delta writes them."""
+    commit_info = {"timestamp": int(time.time() * 1000), **plan.commit_info}
+    actions: list[dict[str, Any]] = [{"commitInfo": commit_info}]
+    if plan.new_schema_json is not None:
+        actions.append({"metaData": _metadata_action(plan, base_version, storage_options)})
+    if plan.app_transaction is not None:
+        app_id, app_version = plan.app_transaction
+        # lastUpdated lets Delta expire the txn after delta.setTransactionRetentionDuration.
+        actions.append(
+            {"txn": {"appId": app_id, "version": app_version, "lastUpdated": plan.deletion_timestamp}}
+        )
+    actions += [
+        {"remove": {
+            "path": f.path, "deletionTimestamp": plan.deletion_timestamp, "dataChange": True,
+            "extendedFileMetadata": True, "partitionValues": dict(f.partition_values), "size": f.size,
+        }}
+        for f in plan.removes
+    ]  # fmt: skip
+    actions += [
+        {"add": {
+            "path": f.path, "partitionValues": dict(f.partition_values), "size": f.size,
+            "modificationTime": f.modification_time, "dataChange": True, "stats": f.stats_json,
+        }}
+        for f in plan.adds
+    ]  # fmt: skip
+    return actions
+
+
+def _metadata_action(
+    plan: CommitPlan, base_version: int, storage_options: Mapping[str, str] | None
+) -> dict[str, Any]:
+    """The table's metaData at ``base_version`` with the evolved schema: same id, properties, partitioning."""
     options = dict(storage_options) if storage_options else None
     try:
-        table = deltalake.DeltaTable(plan.table_uri, version=base_version, storage_options=options)
+        current = deltalake.DeltaTable(
+            plan.table_uri, version=base_version, storage_options=options
+        ).metadata()
     except DeltaError as exc:
         raise MergeExecutionError(
-            f"Cannot load target {plan.table_uri} at version {base_version} to commit: {_first_line(exc)}"
+            f"Cannot read the metadata of {plan.table_uri} at version {base_version} to commit the merge's "
+            f"schema change: {_first_line(exc)}"
         ) from exc
-    version = base_version
-    schema_version: int | None = None
-    if plan.new_schema_json is not None:
-        fields = _changed_fields(table.schema(), plan.new_schema_json)
-        if fields:
-            info = {"readVersion": plan.read_version, "mergeEngine": MERGE_ENGINE,
-                    "mergeOperation": SCHEMA_EVOLUTION_OPERATION, "mergeCommitToken": plan.token}
-            props = CommitProperties(custom_metadata=info, max_commit_retries=0)
-            _commit(plan, version, options, lambda: table.alter.add_columns(fields, commit_properties=props))
-            version += 1
-            schema_version = version
-            if table.version() != version:  # add_columns advances the table object; be sure
-                table = deltalake.DeltaTable(plan.table_uri, version=version, storage_options=options)
-    # deltalake percent-encodes the paths it is given; add.path is already encoded, so decode once.
-    actions: list[AddAction | RemoveAction] = [
-        RemoveAction(unquote(f.path), True, plan.deletion_timestamp, f.size, dict(f.partition_values))
-        for f in plan.removes
-    ]
-    actions += [
-        AddAction(unquote(f.path), f.size, dict(f.partition_values), f.modification_time, True, f.stats_json)
-        for f in plan.adds
-    ]
-    # lastUpdated lets Delta expire the txn after delta.setTransactionRetentionDuration.
-    txns = [Transaction(*plan.app_transaction, plan.deletion_timestamp)] if plan.app_transaction else None
-    props = CommitProperties(
-        custom_metadata=dict(plan.commit_info), max_commit_retries=0, app_transactions=txns
-    )
-    _commit(plan, version, options, lambda: table.create_write_transaction(
-        actions, mode="append", schema=table.schema(), partition_by=list(plan.partition_by),
-        commit_properties=props,
-    ), schema_version=schema_version)
-    return version + 1
+    return {
+        "id": current.id,
+        "name": current.name,
+        "description": current.description,
+        "format": {"provider": "parquet", "options": {}},
+        "schemaString": plan.new_schema_json,
+        "partitionColumns": list(current.partition_columns),
+        "configuration": dict(current.configuration),
+        "createdTime": current.created_time,
+    }
+
+
+def _checkpoint_if_due(plan: CommitPlan, version: int, storage_options: Mapping[str, str] | None) -> None:
+    if version % plan.checkpoint_interval:
+        return
+    options = dict(storage_options) if storage_options else None
+    try:
+        deltalake.DeltaTable(plan.table_uri, version=version, storage_options=options).create_checkpoint()
+    except (DeltaError, OSError) as exc:  # the commit stands; the next due version writes one again
+        log.warning("checkpoint of %s at version %d failed: %s", plan.table_uri, version, _first_line(exc))
+
+
+def _checkpoint_interval(configuration: Mapping[str, str]) -> int:
+    try:
+        interval = int(configuration.get("delta.checkpointInterval", _DEFAULT_CHECKPOINT_INTERVAL))
+    except ValueError:
+        return _DEFAULT_CHECKPOINT_INTERVAL
+    return interval if interval > 0 else _DEFAULT_CHECKPOINT_INTERVAL
+
+
+def _engine_info() -> str:
+    try:
+        return f"{MERGE_ENGINE}/{package_metadata.version('airflow-merge-provider')}"
+    except package_metadata.PackageNotFoundError:
+        return MERGE_ENGINE
 
 
 def read_commit_info(
@@ -217,7 +327,7 @@ def read_commit_info(
 
     :raises MergeAnalysisError: the commit file does not exist (never written, or cleaned up).
     """
-    actions = _read_commit(_log_handler(uri, storage_options), version)
+    actions = _read_commit_or_none(uri, version, storage_options)
     if actions is None:
         raise MergeAnalysisError(
             f"Target {uri} has no commit file for version {version} in _delta_log/: the version was never "
@@ -246,9 +356,9 @@ def find_app_transaction_commit(
     recorded = table.transaction_version(app_id)
     if recorded is None or recorded < app_version:
         return None
-    handler = _log_handler(table.table_uri, storage_options)
+    store = log_store(table.table_uri, storage_options)
     for version in range(table.version(), -1, -1):
-        actions = _read_commit(handler, version)
+        actions = read_commit(store, version)
         if actions is None:
             return None
         for txn in (a["txn"] for a in actions if "txn" in a):
@@ -270,55 +380,16 @@ def _evolved_schema_json(snapshot: TargetSnapshot, new_schema: StructType | None
     return None if normalized_schema_json(text) == normalized_schema_json(snapshot.schema_json) else text
 
 
-def _changed_fields(current: deltalake.Schema, new_schema_json: str) -> list[deltalake.Field]:
-    """Top-level fields that are new or differ; ``add_columns`` merges nested additions into them."""
-    old = {f.name: json.loads(f.to_json()) for f in current.fields}
-    new = deltalake.Schema.from_json(new_schema_json).fields
-    return [f for f in new if old.get(f.name) != json.loads(f.to_json())]
-
-
-def _commit(
-    plan: CommitPlan, base: int, options: dict[str, str] | None, run: Callable[[], None], *,
-    schema_version: int | None = None,
-) -> None:
-    try:
-        run()
-    except CommitFailedError as exc:  # with max_commit_retries=0: the next version already exists
-        latest = _latest_version(_log_handler(plan.table_uri, options), base)
-        if latest > base:
-            note = "" if schema_version is None else (
-                f" except its schema change, committed as version {schema_version} (token {plan.token})"
-            )
-            raise ConcurrentModificationError(
-                "ConcurrentWriteException: A concurrent transaction has written new data since the current "
-                "transaction read the table. Please try the operation again.\n"
-                f"Refer to {_CONCURRENCY_DOC} for more details. The merge into {plan.table_uri} read "
-                f"version {plan.read_version} and committed on version {base}, but the table is now at "
-                f"version {latest}. Nothing of this commit landed{note}. Re-run the merge on the new "
-                "version.",
-                error_class="DELTA_CONCURRENT_WRITE",
-            ) from exc
-        cause: Exception = exc
-    except DeltaError as exc:
-        cause = exc
-    else:
-        return
-    raise MergeExecutionError(
-        f"Commit to {plan.table_uri} on version {base} failed: {_first_line(cause)}. Before retrying, check "
-        "with find_app_transaction_commit or the table history whether it landed."
-    ) from cause
-
-
 def read_commit_actions(
     uri: str, version: int, *, storage_options: Mapping[str, str] | None = None
 ) -> list[dict[str, Any]] | None:
     """The actions of one commit file, or None when it does not exist."""
-    return _read_commit(_log_handler(uri, storage_options), version)
+    return _read_commit_or_none(uri, version, storage_options)
 
 
 def latest_version(uri: str, *, known: int, storage_options: Mapping[str, str] | None = None) -> int:
     """The latest committed version, at least ``known`` (which must exist)."""
-    return _latest_version(_log_handler(uri, storage_options), known)
+    return _probe_latest(log_store(_normalized_uri(uri), storage_options), known)
 
 
 def _first_line(exc: Exception) -> str:
@@ -326,26 +397,14 @@ def _first_line(exc: Exception) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
-def _latest_version(handler: DeltaStorageHandler, start: int) -> int:
-    # Probing the next commit files is cheaper than loading the latest snapshot or listing the log.
-    import pyarrow.fs
-
-    version = start
-    while handler.get_file_info([_COMMIT_FILE.format(version + 1)])[0].type != pyarrow.fs.FileType.NotFound:
-        version += 1
-    return version
-
-
-def _read_commit(handler: DeltaStorageHandler, version: int) -> list[dict[str, Any]] | None:
+def _read_commit_or_none(
+    uri: str, version: int, storage_options: Mapping[str, str] | None
+) -> list[dict[str, Any]] | None:
     try:
-        raw = handler.open_input_file(_COMMIT_FILE.format(version)).read()
+        store = log_store(_normalized_uri(uri), storage_options)
     except FileNotFoundError:
         return None
-    return [json.loads(line) for line in raw.decode("utf-8").splitlines() if line.strip()]
-
-
-def _log_handler(uri: str, storage_options: Mapping[str, str] | None) -> DeltaStorageHandler:
-    return DeltaStorageHandler(_normalized_uri(uri), dict(storage_options) if storage_options else None)
+    return read_commit(store, version)
 
 
 def _normalized_uri(uri: str) -> str:

@@ -39,6 +39,7 @@ __all__ = [
     "metrics_line",
     "parse_failure_line",
     "parse_metrics_line",
+    "read_commit_actions",
 ]
 
 # The driver prints the metrics as one stdout line: METRICS_PREFIX + JSON.
@@ -117,6 +118,16 @@ def find_app_transaction_commit(
     from spark_jobs.delta_merge.commit import find_app_transaction_commit as find
 
     return find(uri, app_id, app_version, storage_options=storage_options)
+
+
+def read_commit_actions(
+    uri: str, version: int, *, storage_options: Mapping[str, str] | None = None
+) -> list[dict[str, Any]] | None:
+    """The actions of one commit file of the table, or None when it does not exist (imports obstore when
+    called): the job's own log reader, so both sides read commits alike."""
+    from spark_jobs.delta_merge.commit import read_commit_actions as read
+
+    return read(uri, version, storage_options=storage_options)
 
 
 def __getattr__(name: str) -> Any:

@@ -1,4 +1,4 @@
-"""commit_merge through deltalake: what lands in the log, CAS, app transactions, schema evolution."""
+"""commit_merge: what lands in the log (read back by deltalake), CAS, app transactions, schema evolution."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from spark_jobs.delta_merge.commit import (
     MERGE_ENGINE,
-    SCHEMA_EVOLUTION_OPERATION,
     attempt_commit,
     commit_merge,
     find_app_transaction_commit,
@@ -122,8 +121,8 @@ def test_commit_removes_and_adds(tmp_path: Path) -> None:
 
     info = read_commit_info(str(tmp_path), 1)
     assert info == next(a["commitInfo"] for a in actions if "commitInfo" in a)
-    assert info["operation"] == "WRITE"  # forced by deltalake
-    assert info["operationParameters"] == {**PARAMS, "mode": "Append", "partitionBy": '["p"]'}
+    assert info["operation"] == "MERGE"
+    assert info["operationParameters"] == PARAMS
     assert info["operationMetrics"] == {k: str(v) for k, v in METRICS.items()}
     assert (info["readVersion"], info["isolationLevel"], info["isBlindAppend"]) == (
         0,
@@ -133,7 +132,12 @@ def test_commit_removes_and_adds(tmp_path: Path) -> None:
     assert (info["mergeEngine"], info["mergeOperation"]) == (MERGE_ENGINE, "MERGE")
     assert info["airflow"] == {"dag_id": "d", "run_id": "r"}
     assert info["userMetadata"] == "nightly upsert"
-    assert info["engineInfo"].startswith("delta-rs:")
+    assert info["engineInfo"].startswith(f"{MERGE_ENGINE}/")
+    assert info["txnId"] == info["mergeCommitToken"]
+    assert isinstance(info["timestamp"], int)
+    # Delta's order: commitInfo first, then txn, removes, adds.
+    assert [next(iter(a)) for a in actions] == ["commitInfo", "txn", "remove", "add"]
+    assert DeltaTable(tmp_path).history(1)[0]["operation"] == "MERGE"
 
 
 def test_stale_snapshot_fails_as_compare_and_swap(tmp_path: Path) -> None:
@@ -142,7 +146,7 @@ def test_stale_snapshot_fails_as_compare_and_swap(tmp_path: Path) -> None:
     new = _write(tmp_path, "a", {"id": [1]})
     with pytest.raises(
         ConcurrentModificationError,
-        match=r"read version 0 and committed on version 0, but the table is now at version 1\. Nothing",
+        match=r"read version 0 and committed on version 0, but version 1 exists now\. Nothing",
     ):
         _commit(snapshot, [_file_in(snapshot, "a")], [new], app_transaction=("app", 1))
     assert DeltaTable(tmp_path).version() == 1
@@ -176,21 +180,27 @@ def test_read_commit_info_of_a_missing_version(tmp_path: Path) -> None:
         read_commit_info(str(tmp_path), 4)
 
 
-def test_schema_evolution_commits_metadata_first(tmp_path: Path) -> None:
+def test_schema_evolution_is_one_commit_with_its_metadata(tmp_path: Path) -> None:
     snapshot = _table(tmp_path)
     evolved = StructType(
         [*snapshot.schema.fields, StructField("extra", StringType(), True, {"comment": "new"})]
     )
     new = _write(tmp_path, "a", {"id": [3], "extra": ["x"]})
     version = _commit(snapshot, [_file_in(snapshot, "a")], [new], new_schema=evolved)
-    assert version == 2
+    assert version == 1
     after = load_snapshot(str(tmp_path))
     assert after.schema == evolved
     assert _rows(tmp_path) == [{"id": 2, "p": "b", "extra": None}, {"id": 3, "p": "a", "extra": "x"}]
-    schema_info, data_info = read_commit_info(str(tmp_path), 1), read_commit_info(str(tmp_path), 2)
-    assert schema_info["mergeOperation"] == SCHEMA_EVOLUTION_OPERATION
-    assert schema_info["mergeCommitToken"] == data_info["mergeCommitToken"]
-    assert [a for a in _log(tmp_path, 1) if "add" in a or "remove" in a] == []
+    actions = _log(tmp_path, 1)
+    assert [next(iter(a)) for a in actions] == ["commitInfo", "metaData", "remove", "add"]
+    metadata = actions[1]["metaData"]
+    before = DeltaTable(tmp_path, version=0).metadata()
+    assert (metadata["id"], metadata["partitionColumns"], metadata["createdTime"]) == (
+        before.id,
+        ["p"],
+        before.created_time,
+    )
+    assert metadata["format"] == {"provider": "parquet", "options": {}}
     assert after.metadata_id == snapshot.metadata_id
 
 
@@ -267,22 +277,37 @@ def test_plan_commits_on_a_newer_base_keeping_its_read_version(tmp_path: Path) -
     assert [r["id"] for r in _rows(tmp_path)] == [1, 2, 3, 9]
 
 
-def test_conflict_after_the_schema_commit_names_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_lost_race_leaves_nothing_of_the_merge_even_with_a_schema_change(tmp_path: Path) -> None:
     snapshot = _table(tmp_path)
-    original = DeltaTable.create_write_transaction
-
-    def racing(self: DeltaTable, *args: Any, **kwargs: Any) -> None:
-        racer = pa.table(
-            {"id": pa.array([9], pa.int64()), "p": ["b"], "extra": pa.array([None], pa.string())}
-        )
-        write_deltalake(tmp_path, racer, mode="append")
-        original(self, *args, **kwargs)
-
-    monkeypatch.setattr(DeltaTable, "create_write_transaction", racing)
     evolved = StructType([*snapshot.schema.fields, StructField("extra", StringType())])
-    with pytest.raises(
-        ConcurrentModificationError, match=r"except its schema change, committed as version 1 \(token "
-    ):
-        _commit(snapshot, [], [_write(tmp_path, "a", {"id": [3], "extra": [None]})], new_schema=evolved)
-    assert DeltaTable(tmp_path).version() == 2
-    assert read_commit_info(str(tmp_path), 1)["mergeOperation"] == SCHEMA_EVOLUTION_OPERATION
+    plan = plan_commit(
+        snapshot,
+        removes=[],
+        adds=[_write(tmp_path, "a", {"id": [3], "extra": [None]})],
+        new_schema=evolved,
+        operation_parameters=PARAMS,
+        operation_metrics=METRICS,
+        app_transaction=("app", 1),
+        commit_metadata={},
+    )
+    write_deltalake(tmp_path, pa.table({"id": pa.array([9], pa.int64()), "p": ["b"]}), mode="append")
+    with pytest.raises(ConcurrentModificationError, match=r"but version 1 exists now\. Nothing"):
+        attempt_commit(plan, base_version=0)
+    table = DeltaTable(tmp_path)
+    assert (table.version(), table.transaction_version("app")) == (1, None)
+    assert [f.name for f in table.schema().fields] == ["id", "p"]
+
+
+def test_a_checkpoint_follows_every_interval(tmp_path: Path) -> None:
+    write_deltalake(
+        tmp_path,
+        pa.table({"id": pa.array([1], pa.int64()), "p": ["a"]}),
+        partition_by=["p"],
+        configuration={"delta.checkpointInterval": "2"},
+    )
+    for n in (2, 3, 4):
+        snapshot = load_snapshot(str(tmp_path))
+        _commit(snapshot, [], [_write(tmp_path, "a", {"id": [n]})])
+    checkpoints = sorted(p.name for p in (tmp_path / "_delta_log").glob("*.checkpoint.parquet"))
+    assert checkpoints == ["00000000000000000002.checkpoint.parquet"]
+    assert [r["id"] for r in _rows(tmp_path)] == [1, 2, 3, 4]

@@ -22,7 +22,7 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from spark_jobs.delta_merge import run_merge
-from spark_jobs.delta_merge.commit import SCHEMA_EVOLUTION_OPERATION, read_commit_info
+from spark_jobs.delta_merge.commit import read_commit_info
 from spark_jobs.delta_merge.errors import MergeJobError
 from spark_jobs.delta_merge.metrics import DELTA_METRIC_NAMES, MergeMetrics
 from tests.delta_reader import read_rows, table_version
@@ -139,7 +139,7 @@ def check_commit(
         assert metrics["numTargetPartitionsRemovedFrom"] == metrics["numTargetPartitionsAddedTo"] == 0
 
     info = read_commit_info(str(path), version)
-    assert info["mergeOperation"] == "MERGE"
+    assert (info["operation"], info["mergeOperation"]) == ("MERGE", "MERGE")
     assert info["readVersion"] == metrics["readVersion"]
     stored = info["operationMetrics"]
     assert all(isinstance(v, str) for v in stored.values())
@@ -634,12 +634,12 @@ def test_schema_evolution_adds_columns_and_nested_fields(spark: Any, tmp_path: P
     ]
     assert row_metrics(metrics) == expected_rows(
         numSourceRows=2, numTargetRowsMatchedUpdated=1, numTargetRowsInserted=1, numTargetRowsCopied=1)
-    # deltalake cannot put metaData into a commit that removes files: the schema lands one version earlier.
-    assert metrics["tableVersion"] == 2
-    assert read_commit_info(str(target), 1)["mergeOperation"] == SCHEMA_EVOLUTION_OPERATION
-    schema_commit = log_actions(target, 1)
-    assert not any("add" in a or "remove" in a for a in schema_commit)
-    assert metrics["readVersion"] == 0
+    # One version: the evolved metaData lands with the data, as Delta commits a schema-evolving merge.
+    assert (metrics["readVersion"], metrics["tableVersion"]) == (0, 1)
+    commit = log_actions(target, 1)
+    kinds = [next(iter(a)) for a in commit]
+    assert kinds[:2] == ["commitInfo", "metaData"]
+    assert read_commit_info(str(target), 1)["operation"] == "MERGE"
     check_commit(target, before, metrics)
 
 
