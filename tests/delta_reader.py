@@ -1,4 +1,5 @@
-"""Read Delta tables back through deltalake, an implementation independent of the merge job."""
+"""Read Delta tables back through two readers independent of the merge job: deltalake (delta-rs) and
+DuckDB's Delta extension (delta-kernel-rs), as every Delta reader must be able to read what the job writes."""
 
 from __future__ import annotations
 
@@ -30,3 +31,19 @@ def table_version(path: str | Path) -> int:
     from deltalake import DeltaTable
 
     return int(DeltaTable(str(path)).version())
+
+
+def read_rows_with_kernel(path: str | Path, *, columns: list[str] | None = None) -> list[list[Any]]:
+    """Rows as :func:`read_rows` gives them, through DuckDB's Delta extension (a delta-kernel reader)."""
+    import duckdb
+    import duckdb_extension_delta
+
+    # The wheel ships the extension: load it by path, since `LOAD delta` would try to download it.
+    extension = next(Path(duckdb_extension_delta.__file__).parent.glob("extensions/*/delta.duckdb_extension"))
+    with duckdb.connect() as connection:
+        connection.execute(f"LOAD '{extension}'")
+        relation = connection.sql(f"SELECT * FROM delta_scan('{Path(path).resolve()}')")
+        table = relation.fetch_arrow_table()
+    names = columns or table.column_names
+    data = table.select(names).to_pylist()
+    return [[row[n] for n in names] for row in data]
