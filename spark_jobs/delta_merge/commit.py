@@ -87,6 +87,7 @@ class CommitPlan:
     :param token: a random id recorded in commitInfo (``mergeCommitToken``) and as its ``txnId``.
     :param checkpoint_interval: the table's ``delta.checkpointInterval``: a checkpoint follows every
         version divisible by it, as Delta writers do.
+    :param change_files: change data files (change data feed), committed as ``cdc`` actions.
     """
 
     table_uri: str
@@ -100,6 +101,7 @@ class CommitPlan:
     deletion_timestamp: int
     token: str
     checkpoint_interval: int = _DEFAULT_CHECKPOINT_INTERVAL
+    change_files: tuple[WrittenFile, ...] = ()
 
 
 def commit_merge(
@@ -144,6 +146,7 @@ def plan_commit(
     app_transaction: tuple[str, int] | None,
     commit_metadata: Mapping[str, Any],
     isolation_level: str = "WriteSerializable",
+    change_files: Sequence[WrittenFile] = (),
 ) -> CommitPlan:
     """Validate the merge's file actions and build its commitInfo.
 
@@ -202,6 +205,7 @@ def plan_commit(
         deletion_timestamp=int(time.time() * 1000),
         token=token,
         checkpoint_interval=_checkpoint_interval(snapshot.configuration),
+        change_files=tuple(change_files),
     )
 
 
@@ -210,8 +214,8 @@ def attempt_commit(
 ) -> int:
     """Commit ``plan`` as the version right after ``base_version``, or fail: no retries, no rebase.
 
-    The commit file holds commitInfo, then metaData (when the schema evolved), txn, the removes and the
-    adds, and is written only if that version does not exist yet.
+    The commit file holds commitInfo, then metaData (when the schema evolved), txn, the removes, the
+    adds and the cdc actions, and is written only if that version does not exist yet.
 
     :raises ConcurrentModificationError: a version after ``base_version`` already exists.
     :raises MergeExecutionError: the commit failed for another reason.
@@ -265,6 +269,13 @@ def commit_actions(
             "modificationTime": f.modification_time, "dataChange": True, "stats": f.stats_json,
         }}
         for f in plan.adds
+    ]  # fmt: skip
+    # PROTOCOL.md "Add CDC File": change data only, never data of the table, so dataChange is false.
+    actions += [
+        {"cdc": {
+            "path": f.path, "partitionValues": dict(f.partition_values), "size": f.size, "dataChange": False,
+        }}
+        for f in plan.change_files
     ]  # fmt: skip
     return actions
 

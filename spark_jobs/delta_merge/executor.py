@@ -19,7 +19,10 @@ from spark_jobs.delta_merge.files import LiveFile, WrittenFile
 from spark_jobs.delta_merge.metrics import MergeMetrics
 from spark_jobs.delta_merge.rewrite import (
     ACTION_COLUMN,
+    CHANGE_TYPES,
     DROPPED_ACTIONS,
+    PREIMAGE_CHANGE_TYPES,
+    PREIMAGE_PREFIX,
     VIOLATION_COLUMN,
     Action,
     classic_output,
@@ -27,10 +30,15 @@ from spark_jobs.delta_merge.rewrite import (
 )
 from spark_jobs.delta_merge.row_counter import counted
 from spark_jobs.delta_merge.snapshot import TargetSnapshot
-from spark_jobs.delta_merge.table_features import TableConstraints, check_writable, table_constraints
+from spark_jobs.delta_merge.table_features import (
+    TableConstraints,
+    change_data_feed_enabled,
+    check_writable,
+    table_constraints,
+)
 from spark_jobs.delta_merge.table_scan import file_key, scan_files
 from spark_jobs.delta_merge.touched_files import TouchedFiles, find_touched_files
-from spark_jobs.delta_merge.write import write_merge_output
+from spark_jobs.delta_merge.write import write_empty_change_file, write_merge_output
 
 __all__ = ["MergeOutcome", "execute_merge"]
 
@@ -39,12 +47,14 @@ log = logging.getLogger("delta_merge")
 
 @dataclass(frozen=True)
 class MergeOutcome:
-    """What the merge computed: its metrics and the files to remove and add in the commit."""
+    """What the merge computed: its metrics and the files to remove and add in the commit
+    (``change_files``: the change data files, for ``cdc`` actions)."""
 
     metrics: MergeMetrics
     removes: tuple[LiveFile, ...]
     adds: tuple[WrittenFile, ...]
     read: tuple[LiveFile, ...] = ()
+    change_files: tuple[WrittenFile, ...] = ()
 
 
 @contextmanager
@@ -81,11 +91,19 @@ def _count_rows(output: DataFrame) -> dict[int, int]:
 
 def _write(
     spark: SparkSession, output: DataFrame, *, snapshot: TargetSnapshot, plan: MergePlan,
-    target_file_size: int, dry_run: bool, description: str,
-) -> tuple[dict[int, int], tuple[WrittenFile, ...]]:
+    target_file_size: int, dry_run: bool, description: str, change_data: bool = False,
+) -> tuple[dict[int, int], tuple[WrittenFile, ...], tuple[WrittenFile, ...]]:
+    """Write the output; with ``change_data``, also its change rows (``output`` carries preimages)."""
     with _stage(spark, description):
         if dry_run:
-            return _count_rows(output), ()
+            return _count_rows(output), (), ()
+        changes: dict[str, Any] = {}
+        if change_data:
+            changes = {
+                "change_types": {int(a): t for a, t in CHANGE_TYPES.items()},
+                "preimage_change_types": {int(a): t for a, t in PREIMAGE_CHANGE_TYPES.items()},
+                "preimage_columns": [f"{PREIMAGE_PREFIX}{i}" for i in range(len(plan.final_schema.fields))],
+            }
         outcome = write_merge_output(
             output,
             table_root=snapshot.table_uri,
@@ -97,8 +115,9 @@ def _write(
             target_file_size=target_file_size,
             num_indexed_cols=int(snapshot.configuration.get("delta.dataSkippingNumIndexedCols", "32")),
             job_description=description,
+            **changes,
         )
-    return dict(outcome.rows_by_code), tuple(outcome.files)
+    return dict(outcome.rows_by_code), tuple(outcome.files), outcome.change_files
 
 
 def _row_metrics(counts: Mapping[int, int]) -> dict[str, int]:
@@ -122,10 +141,12 @@ def _row_metrics(counts: Mapping[int, int]) -> dict[str, int]:
 
 def _file_metrics(
     snapshot: TargetSnapshot, candidates: list[LiveFile], removes: tuple[LiveFile, ...],
-    adds: tuple[WrittenFile, ...],
+    adds: tuple[WrittenFile, ...], change_files: tuple[WrittenFile, ...] = (),
 ) -> dict[str, int]:
     parts = snapshot.partition_columns
     return {
+        "numTargetChangeFilesAdded": len(change_files),
+        "numTargetChangeFileBytes": sum(f.size for f in change_files),
         "numTargetFilesBeforeSkipping": len(snapshot.files),
         "numTargetBytesBeforeSkipping": sum(f.size for f in snapshot.files),
         "numTargetFilesAfterSkipping": len(candidates),
@@ -167,8 +188,12 @@ def _insert_only(
     source, source_rows = counted(source, "merge_source_rows")
     target = scan_files(spark, snapshot, candidates) if candidates else None
     output = insert_only_output(source, target, plan=plan, constraints=constraints)
-    counts, adds = _write(spark, output, snapshot=snapshot, plan=plan, target_file_size=target_file_size,
-                          dry_run=dry_run, description="MERGE operation - writing new files for only inserts")
+    # As Delta's InsertOnlyMergeExecutor, even with the change data feed on: no change data files, since
+    # readers take the adds of a version without cdc actions as its inserts.
+    counts, adds, _ = _write(
+        spark, output, snapshot=snapshot, plan=plan, target_file_size=target_file_size, dry_run=dry_run,
+        description="MERGE operation - writing new files for only inserts",
+    )
     values: dict[str, Any] = {
         **_row_metrics(counts), **_file_metrics(snapshot, candidates, (), adds),
         "numSourceRows": source_rows(), "rewriteTimeMs": _elapsed_ms(started),
@@ -195,9 +220,14 @@ def _classic(
     log.info("%d of %d candidate files touched", len(removes), len(candidates))
     started = time.monotonic()
     source, second_scan_rows = counted(source, "merge_source_rows_second_scan")
+    # Delta's deduplicateCDFDeletes: with the change data feed, a target row deleted by several matches
+    # is deleted once; without it, the counts are compensated below.
+    change_data = bool(removes) and change_data_feed_enabled(snapshot)
+    deduplicate = change_data and touched.extra_matches > 0
     if removes:
         output = classic_output(source, scan_files(spark, snapshot, removes), plan=plan,
-                                copy_values=plan.copy_values, constraints=constraints)
+                                copy_values=plan.copy_values, constraints=constraints,
+                                change_data=change_data, deduplicate_deletes=deduplicate)
     elif plan.clauses_of("not_matched"):
         # Nothing matched: like Delta's writeInsertsOnlyWhenNoMatches, only the inserts are written.
         output = insert_only_output(source, None, plan=plan.only_inserts(), constraints=constraints)
@@ -205,20 +235,29 @@ def _classic(
         output = None
     counts: dict[int, int] = {}
     adds: tuple[WrittenFile, ...] = ()
+    change_files: tuple[WrittenFile, ...] = ()
     if output is not None:
-        counts, adds = _write(
+        counts, adds, change_files = _write(
             spark, output, snapshot=snapshot, plan=plan, target_file_size=target_file_size, dry_run=dry_run,
-            description=f"MERGE operation - Rewriting {len(removes)} files",
+            description=f"MERGE operation - Rewriting {len(removes)} files", change_data=change_data,
         )
-    if touched.extra_matches:
+    if change_data and not dry_run and not change_files:
+        # Every row of the touched files was copied. Delta commits no cdc action then, and readers take a
+        # version without one as the deletes of its removes and the inserts of its adds: the copies would
+        # read as changes. A change data file without rows says that nothing changed.
+        change_files = (write_empty_change_file(
+            table_root=snapshot.table_uri, schema=plan.final_schema,
+            partition_columns=snapshot.partition_columns, partition_values=removes[0].partition_values,
+        ),)
+    if touched.extra_matches and not deduplicate:
         # Only a single unconditional DELETE allows multiple matches: the rewrite joined each deleted target
         # row once per matching source row. Count target rows, as Delta does (its delete-only compensation).
         deleted = int(Action.DELETE_MATCHED)
         counts = {**counts, deleted: counts.get(deleted, 0) - touched.extra_matches}
     second_scan = second_scan_rows() if output is not None else touched.num_source_rows
     values: dict[str, Any] = {
-        **_row_metrics(counts), **_file_metrics(snapshot, candidates, removes, adds),
+        **_row_metrics(counts), **_file_metrics(snapshot, candidates, removes, adds, change_files),
         "numSourceRows": touched.num_source_rows, "numSourceRowsInSecondScan": second_scan,
         "scanTimeMs": scan_ms, "rewriteTimeMs": _elapsed_ms(started),
     }
-    return MergeOutcome(MergeMetrics(**values), removes, adds, tuple(candidates))
+    return MergeOutcome(MergeMetrics(**values), removes, adds, tuple(candidates), change_files)

@@ -203,6 +203,7 @@ def _commit(
         snapshot,
         removes=outcome.removes,
         adds=outcome.adds,
+        change_files=outcome.change_files,
         new_schema=plan.final_schema if plan.schema_changed else None,
         operation_parameters=_operation_parameters(plan),
         operation_metrics={k: int(v) for k, v in metrics.operation_metrics().items()},

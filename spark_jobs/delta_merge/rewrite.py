@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from enum import IntEnum
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from spark_jobs.delta_merge.analysis import MergePlan, ResolvedClause
@@ -19,7 +19,10 @@ from spark_jobs.delta_merge.table_features import TableConstraints
 
 __all__ = [
     "ACTION_COLUMN",
+    "CHANGE_TYPES",
     "DROPPED_ACTIONS",
+    "PREIMAGE_CHANGE_TYPES",
+    "PREIMAGE_PREFIX",
     "VIOLATION_COLUMN",
     "Action",
     "classic_output",
@@ -30,6 +33,10 @@ ACTION_COLUMN = "__merge_action"
 _CLAUSE_COLUMN = "__merge_clause"
 _SOURCE_PRESENT = "__merge_source_present"
 _TARGET_PRESENT = "__merge_target_present"
+_TARGET_ROW = "__merge_target_row"
+_MATCH_NUMBER = "__merge_match_number"
+# With the change data feed on, the target row as it was (Delta's preimage) rides along as these columns.
+PREIMAGE_PREFIX = "__merge_preimage_"
 _COPY = -1
 _DROP = -2
 
@@ -52,6 +59,21 @@ DROPPED_ACTIONS = frozenset(
 )
 
 
+# Change data feed (CDCReader's _change_type values): the change row the written row is, by action code,
+# and the change row the preimage columns are. Copied rows are no change.
+CHANGE_TYPES = {
+    Action.INSERT: "insert",
+    Action.UPDATE_MATCHED: "update_postimage",
+    Action.UPDATE_NOT_MATCHED_BY_SOURCE: "update_postimage",
+}
+PREIMAGE_CHANGE_TYPES = {
+    Action.UPDATE_MATCHED: "update_preimage",
+    Action.UPDATE_NOT_MATCHED_BY_SOURCE: "update_preimage",
+    Action.DELETE_MATCHED: "delete",
+    Action.DELETE_NOT_MATCHED_BY_SOURCE: "delete",
+}
+
+
 def _code(clause: ResolvedClause) -> Action:
     if clause.when == "not_matched":
         return Action.INSERT
@@ -72,9 +94,11 @@ def _first_clause(clauses: Sequence[tuple[int, ResolvedClause]], default: int) -
 
 
 def _outputs(
-    df: DataFrame, plan: MergePlan, copy_values: Sequence[Column], constraints: TableConstraints
+    df: DataFrame, plan: MergePlan, copy_values: Sequence[Column], constraints: TableConstraints,
+    *, preimage: bool = False,
 ) -> DataFrame:
-    """The final columns, the action code and the constraint verdict, from a frame with the clause index."""
+    """The final columns, the action code and the constraint verdict, from a frame with the clause index;
+    with ``preimage``, also the target row as it was (``copy_values``) as :data:`PREIMAGE_PREFIX` columns."""
     clause_col = F.col(_CLAUSE_COLUMN)
     columns: list[Column] = []
     for position, field in enumerate(plan.final_schema.fields):
@@ -93,6 +117,8 @@ def _outputs(
     for index, clause in enumerate(plan.clauses):
         action = action.when(clause_col == index, F.lit(int(_code(clause))))
     columns.append(action.otherwise(F.lit(int(Action.SOURCE_UNMATCHED))).cast("tinyint").alias(ACTION_COLUMN))
+    if preimage:
+        columns += [value.alias(f"{PREIMAGE_PREFIX}{i}") for i, value in enumerate(copy_values)]
     selected = df.select(*columns, clause_col)
     generate = {}
     for field in plan.final_schema.fields:
@@ -108,20 +134,32 @@ def _outputs(
 
 def classic_output(
     source: DataFrame, target: DataFrame, *, plan: MergePlan, copy_values: Sequence[Column],
-    constraints: TableConstraints,
+    constraints: TableConstraints, change_data: bool = False, deduplicate_deletes: bool = False,
 ) -> DataFrame:
     """Join the source with the rows of the touched files and apply the clauses (ClassicMergeExecutor).
 
     A full outer join when there are NOT MATCHED clauses (source-only rows may be inserted), otherwise
     a right outer join: matched-only merges never need source rows that match nothing.
+
+    :param change_data: the table has the change data feed on: every row also carries its preimage.
+    :param deduplicate_deletes: target rows matched several times (allowed for a single unconditional
+        DELETE) are deleted once, so that they give one ``delete`` change row (Delta's
+        deduplicateCDFDeletes); the row counts then need no compensation.
     """
     indexed = list(enumerate(plan.clauses))
     how = "full_outer" if plan.clauses_of("not_matched") else "right_outer"
+    target = target.withColumn(_TARGET_PRESENT, F.lit(True))
+    if deduplicate_deletes:
+        target = target.withColumn(_TARGET_ROW, F.monotonically_increasing_id())
     joined = source.withColumn(_SOURCE_PRESENT, F.lit(True)).alias(plan.source_alias).join(
-        target.withColumn(_TARGET_PRESENT, F.lit(True)).alias(plan.target_alias),
-        on=F.expr(plan.condition),
-        how=how,
+        target.alias(plan.target_alias), on=F.expr(plan.condition), how=how,
     )
+    if deduplicate_deletes:
+        # Only one unconditional DELETE matches: every row with both sides is a delete of its target row.
+        # A window, not a union: the join's qualified names (the clauses' aliases) must stay resolvable.
+        both = F.col(_SOURCE_PRESENT).isNotNull() & F.col(_TARGET_PRESENT).isNotNull()
+        first = F.row_number().over(Window.partitionBy(_TARGET_ROW).orderBy(_TARGET_ROW))
+        joined = joined.withColumn(_MATCH_NUMBER, first).filter(~both | (F.col(_MATCH_NUMBER) == 1))
     clause_index = (
         F.when(F.col(_SOURCE_PRESENT).isNull(),
                _first_clause([(i, c) for i, c in indexed if c.when == "not_matched_by_source"], _COPY))
@@ -129,7 +167,8 @@ def classic_output(
               _first_clause([(i, c) for i, c in indexed if c.when == "not_matched"], _DROP))
         .otherwise(_first_clause([(i, c) for i, c in indexed if c.when == "matched"], _COPY))
     )
-    return _outputs(joined.withColumn(_CLAUSE_COLUMN, clause_index), plan, copy_values, constraints)
+    return _outputs(joined.withColumn(_CLAUSE_COLUMN, clause_index), plan, copy_values, constraints,
+                    preimage=change_data)
 
 
 def insert_only_output(

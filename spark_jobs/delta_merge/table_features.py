@@ -12,14 +12,22 @@ from spark_jobs.delta_merge.errors import MergeAnalysisError, UnsupportedTableFe
 from spark_jobs.delta_merge.files import LiveFile
 from spark_jobs.delta_merge.snapshot import TargetSnapshot
 
-__all__ = ["SUPPORTED_FEATURES", "TableConstraints", "check_writable", "table_constraints"]
+__all__ = [
+    "SUPPORTED_FEATURES",
+    "TableConstraints",
+    "change_data_feed_enabled",
+    "check_writable",
+    "table_constraints",
+]
 
 # Features whose rules this job follows on every merge (constraints are enforced by the write stage).
 # vacuumProtocolCheck only constrains VACUUM, which this job never runs. v2Checkpoint: deltalake 1.6.6
 # reads V2 checkpoints and writes its own as classic-named V2 checkpoints carrying checkpointMetadata.
+# changeDataFeed: merges into such tables write _change_data files and cdc actions, as Delta's.
 SUPPORTED_FEATURES = frozenset(
     {
         "appendOnly",
+        "changeDataFeed",
         "invariants",
         "checkConstraints",
         "generatedColumns",
@@ -30,7 +38,7 @@ SUPPORTED_FEATURES = frozenset(
     }
 )
 # Supported only while unused: checked against files, properties and the schema below.
-_CONDITIONAL_FEATURES = frozenset({"deletionVectors", "columnMapping", "changeDataFeed", "identityColumns"})
+_CONDITIONAL_FEATURES = frozenset({"deletionVectors", "columnMapping", "identityColumns"})
 _PROTOCOL = "protocol"
 _APPEND_ONLY = "appendOnly"
 # How Delta's messages name the writer ("... unsupported by Delta Lake "<version>"").
@@ -114,6 +122,12 @@ def _delta_refusal(snapshot: TargetSnapshot, features: list[str]) -> tuple[str, 
     )
 
 
+def change_data_feed_enabled(snapshot: TargetSnapshot) -> bool:
+    """``delta.enableChangeDataFeed`` is on: merges must write the rows they change (isCdcEnabled)."""
+    config = {k.lower(): v for k, v in snapshot.configuration.items()}
+    return config.get("delta.enablechangedatafeed", "false").lower() == "true"
+
+
 def table_constraints(snapshot: TargetSnapshot) -> TableConstraints:
     """The CHECK constraints, invariants, NOT NULL paths and generated columns of the table."""
     prefix = "delta.constraints."
@@ -158,11 +172,6 @@ def _problems(
         yield "columnMapping", (
             f"columnMapping (delta.columnMapping.mode={mode}): Parquet columns have physical names the "
             "job does not translate. Only tables without column mapping are supported."
-        )
-    if config.get("delta.enablechangedatafeed", "false").lower() == "true":
-        yield "changeDataFeed", (
-            "changeDataFeed (delta.enableChangeDataFeed=true): a merge must write _change_data files, "
-            "which deltalake's commit API cannot add. Disable the change data feed or use delta-spark."
         )
     identity = [
         ".".join(p)

@@ -11,6 +11,7 @@ from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import Any
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
@@ -21,9 +22,15 @@ from pyspark.sql.types import ArrayType, CharType, DataType, MapType, StructType
 from spark_jobs.delta_merge.errors import ConstraintViolationError, MergeExecutionError, spark_failure
 from spark_jobs.delta_merge.file_stats import DEFAULT_NUM_INDEXED_COLS, indexed_leaves
 from spark_jobs.delta_merge.files import WrittenFile
-from spark_jobs.delta_merge.write_task import RESULT_SCHEMA, VIOLATION_MARKER, WriteTaskPlan, write_task
+from spark_jobs.delta_merge.write_task import (
+    RESULT_SCHEMA,
+    VIOLATION_MARKER,
+    WriteTaskPlan,
+    write_empty_file,
+    write_task,
+)
 
-__all__ = ["WriteOutcome", "arrow_schema", "write_merge_output"]
+__all__ = ["WriteOutcome", "arrow_schema", "write_empty_change_file", "write_merge_output"]
 
 
 @dataclass(frozen=True)
@@ -32,10 +39,12 @@ class WriteOutcome:
 
     :param files: the new files, ready to become ``add`` actions (sorted by path).
     :param rows_by_code: input rows per action code, written or dropped (codes never seen are absent).
+    :param change_files: the change data files, ready to become ``cdc`` actions (sorted by path).
     """
 
     files: tuple[WrittenFile, ...]
     rows_by_code: Mapping[int, int]
+    change_files: tuple[WrittenFile, ...] = ()
 
     @property
     def num_written_rows(self) -> int:
@@ -47,6 +56,8 @@ def write_merge_output(
     action_column: str, drop_codes: Collection[int], target_file_size: int,
     num_indexed_cols: int = DEFAULT_NUM_INDEXED_COLS, stats_columns: Sequence[str] | None = None,
     job_description: str | None = None, violation_column: str | None = None,
+    change_types: Mapping[int, str] | None = None, preimage_change_types: Mapping[int, str] | None = None,
+    preimage_columns: Sequence[str] = (),
 ) -> WriteOutcome:
     """Write ``df`` as new Parquet files under ``table_root``, counting rows per action code.
 
@@ -63,6 +74,10 @@ def write_merge_output(
     :param job_description: Spark job description for the write job (restored afterwards).
     :param violation_column: a string column that is NULL on rows satisfying the table's constraints
         and otherwise says which one the row violates; the write fails on the first non-NULL value.
+    :param change_types: change data feed: the ``_change_type`` of a written row by action code; rows
+        of these codes are also written to change data files under ``_change_data/``.
+    :param preimage_change_types: the ``_change_type`` of a row's preimage by action code; the
+        preimage is read from ``preimage_columns`` (one per ``schema`` column, in its order).
     :raises ConstraintViolationError: a row violates a constraint (the message is the column's value).
     :raises MergeExecutionError: the job failed; nothing is committed and files written before
         the failure are orphans that VACUUM removes.
@@ -81,6 +96,11 @@ def write_merge_output(
     if target_file_size <= 0:
         raise ValueError(f"write_merge_output: target_file_size must be positive, got {target_file_size}")
 
+    if preimage_change_types and len(preimage_columns) != len(names):
+        raise ValueError(
+            f"write_merge_output: {len(preimage_columns)} preimage columns for {len(names)} columns"
+        )
+    extra += list(preimage_columns) if preimage_change_types else []
     full_schema = arrow_schema(schema)
     data_schema = pa.schema([f for f in full_schema if f.name not in partition_columns])
     plan = WriteTaskPlan(
@@ -93,6 +113,8 @@ def write_merge_output(
         drop_codes=tuple(sorted({int(c) for c in drop_codes})),
         target_file_size=target_file_size,
         check_violations=violation_column is not None,
+        change_types=tuple(sorted((change_types or {}).items())),
+        preimage_change_types=tuple(sorted((preimage_change_types or {}).items())),
     )
     output = df.select(*[F.col(_quoted(n)).alias(n) for n in names], *[F.col(_quoted(c)) for c in extra])
     if partition_columns:
@@ -122,18 +144,44 @@ def write_merge_output(
             f"written there are not in the Delta log; VACUUM removes them). Cause: {_summary(exc)}"
         ) from exc
     files: list[WrittenFile] = []
+    change_files: list[WrittenFile] = []
     counts: Counter[int] = Counter()
     for row in rows:
-        if row["kind"] == "file":
-            files.append(WrittenFile(
-                path=row["path"], size=row["size"], partition_values=json.loads(row["partition_values"]),
-                stats_json=row["stats"], num_records=row["num_records"],
-                modification_time=row["modification_time"],
-            ))
+        if row["kind"] in ("file", "cdc"):
+            (files if row["kind"] == "file" else change_files).append(_written_file(row.asDict()))
         else:
             counts[int(row["code"])] += int(row["count"])
     files.sort(key=lambda f: f.path)
-    return WriteOutcome(files=tuple(files), rows_by_code=MappingProxyType(dict(counts)))
+    change_files.sort(key=lambda f: f.path)
+    return WriteOutcome(files=tuple(files), rows_by_code=MappingProxyType(dict(counts)),
+                        change_files=tuple(change_files))
+
+
+def write_empty_change_file(
+    *, table_root: str, schema: StructType, partition_columns: Sequence[str],
+    partition_values: Mapping[str, str | None],
+) -> WrittenFile:
+    """One change data file without rows under ``_change_data/`` (in the partition of the serialized
+    ``partition_values``), for a rewrite that changed no row: see the classic merge executor."""
+    full_schema = arrow_schema(schema)
+    plan = WriteTaskPlan(
+        root=_normalize_root(table_root),
+        input_schema=full_schema,
+        data_schema=pa.schema([f for f in full_schema if f.name not in partition_columns]),
+        partition_columns=tuple(partition_columns),
+        partition_types=tuple(schema[c].dataType for c in partition_columns),
+        leaves=(),
+        drop_codes=(),
+        target_file_size=1,
+    )
+    return _written_file(write_empty_file(plan.change_data_plan(), dict(partition_values)))
+
+
+def _written_file(row: Mapping[str, Any]) -> WrittenFile:
+    return WrittenFile(
+        path=row["path"], size=row["size"], partition_values=json.loads(row["partition_values"]),
+        stats_json=row["stats"], num_records=row["num_records"], modification_time=row["modification_time"],
+    )
 
 
 def arrow_schema(schema: StructType) -> pa.Schema:

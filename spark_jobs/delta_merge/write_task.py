@@ -8,7 +8,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, NoReturn
 
 import numpy as np
@@ -26,7 +26,16 @@ from spark_jobs.delta_merge.partition_values import (
     serialize_partition_value,
 )
 
-__all__ = ["COMPRESSION", "RESULT_SCHEMA", "VIOLATION_MARKER", "WriteTaskPlan", "write_task"]
+__all__ = [
+    "CHANGE_DATA_DIR",
+    "CHANGE_TYPE_COLUMN",
+    "COMPRESSION",
+    "RESULT_SCHEMA",
+    "VIOLATION_MARKER",
+    "WriteTaskPlan",
+    "write_empty_file",
+    "write_task",
+]
 
 COMPRESSION = "zstd"
 _MAX_ROW_GROUP_BYTES = 64 << 20  # Arrow (uncompressed) bytes per row group, at most
@@ -37,13 +46,17 @@ _RESULT_ARROW_SCHEMA = pa.schema([
     ("modification_time", pa.int64()), ("partition_values", pa.string()), ("stats", pa.string()),
     ("code", pa.int64()), ("count", pa.int64()),
 ])
-# One row per written file (kind "file") and one per action code a task saw (kind "count").
+# One row per written data file (kind "file"), per change data file (kind "cdc") and per action code a
+# task saw (kind "count").
 RESULT_SCHEMA = ", ".join(f"{f.name} {'string' if f.type == pa.string() else 'long'}"
                           for f in _RESULT_ARROW_SCHEMA)
 _ROW_INDEX = "__delta_merge_row"
 # A task reports a constraint violation as this marker and the message as one JSON string: Spark hands
 # the driver only the text of a task's error, and the message has several lines.
 VIOLATION_MARKER = "DELTA_MERGE_CONSTRAINT_VIOLATION:"
+# PROTOCOL.md "Change Data Files": under _change_data/, partitioned like the table, with _change_type.
+CHANGE_DATA_DIR = "_change_data"
+CHANGE_TYPE_COLUMN = "_change_type"
 
 
 @dataclass(frozen=True)
@@ -55,6 +68,10 @@ class WriteTaskPlan:
     :param data_schema: the files' schema: ``input_schema`` without partition columns.
     :param check_violations: the batches carry a violation column after the action code: a task
         fails on its first non-NULL value, before writing that batch.
+    :param change_types: change data feed: the ``_change_type`` of the written row, by action code.
+    :param preimage_change_types: the ``_change_type`` of the preimage, by action code; the preimage
+        columns (``input_schema``'s, in its order) follow the action code and violation columns.
+    :param file_kind: ``file`` for data files, ``cdc`` for change data files (``cdc-`` names).
     """
 
     root: str
@@ -67,6 +84,22 @@ class WriteTaskPlan:
     target_file_size: int
     compression: str = COMPRESSION
     check_violations: bool = False
+    change_types: tuple[tuple[int, str], ...] = ()
+    preimage_change_types: tuple[tuple[int, str], ...] = ()
+    file_kind: str = "file"
+
+    @property
+    def writes_change_data(self) -> bool:
+        return bool(self.change_types or self.preimage_change_types)
+
+    def change_data_plan(self) -> WriteTaskPlan:
+        """The plan of the change data files: the data files' layout plus ``_change_type``, no stats."""
+        change_type = pa.field(CHANGE_TYPE_COLUMN, pa.string())
+        return replace(
+            self, input_schema=self.input_schema.append(change_type),
+            data_schema=self.data_schema.append(change_type), leaves=(), drop_codes=(),
+            change_types=(), preimage_change_types=(), file_kind="cdc",
+        )
 
 
 def write_task(plan: WriteTaskPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -74,7 +107,9 @@ def write_task(plan: WriteTaskPlan, batches: Iterator[pa.RecordBatch]) -> Iterat
     from pyspark import TaskContext
 
     context = TaskContext.get()
-    writer = _TaskWriter(plan, context.partitionId() if context is not None else 0)
+    task_id = context.partitionId() if context is not None else 0
+    writer = _TaskWriter(plan, task_id)
+    changes = _TaskWriter(plan.change_data_plan(), task_id) if plan.writes_change_data else None
     counts: Counter[int] = Counter()
     width = len(plan.input_schema)
     try:
@@ -90,14 +125,44 @@ def write_task(plan: WriteTaskPlan, batches: Iterator[pa.RecordBatch]) -> Iterat
             if plan.drop_codes:
                 dropped = pc.is_in(codes, value_set=pa.array(plan.drop_codes, codes.type))
                 data = data.filter(pc.invert(dropped))
+            if changes is not None:
+                _write_changes(changes, plan, batch, codes)
             if data.num_rows:
                 writer.write(_conform(data, plan.input_schema))
-        rows = writer.close()
+        rows = writer.close() + (changes.close() if changes is not None else [])
     except BaseException:
         writer.abort()
+        if changes is not None:
+            changes.abort()
         raise
     rows += [{"kind": "count", "code": code, "count": n} for code, n in sorted(counts.items())]
     yield pa.RecordBatch.from_pylist(rows, schema=_RESULT_ARROW_SCHEMA)
+
+
+def write_empty_file(plan: WriteTaskPlan, partition_values: dict[str, str | None]) -> dict[str, Any]:
+    """Runs on the driver: one file of ``plan``'s kind without rows, as a result row of :func:`write_task`."""
+    return _TaskWriter(plan, 0).write_empty(partition_values)[0]
+
+
+def _write_changes(
+    changes: _TaskWriter, plan: WriteTaskPlan, batch: pa.RecordBatch, codes: pa.Array
+) -> None:
+    """The batch's change rows: preimages (update_preimage, delete), then written rows (insert,
+    update_postimage); copied rows give none."""
+    width = len(plan.input_schema)
+    first_preimage = width + 1 + int(plan.check_violations)
+    change_schema = changes.schema
+    for columns, types in (
+        (list(range(first_preimage, first_preimage + width)), plan.preimage_change_types),
+        (list(range(width)), plan.change_types),
+    ):
+        for code, change_type in types:
+            rows = batch.select(columns).filter(pc.equal(codes, pa.scalar(code, codes.type)))
+            if not rows.num_rows:
+                continue
+            conformed = _conform(rows, plan.input_schema)
+            kind = pa.array([change_type] * rows.num_rows, pa.string())
+            changes.write(pa.RecordBatch.from_arrays([*conformed.columns, kind], schema=change_schema))
 
 
 def _raise_violation(violations: pa.Array) -> None:
@@ -199,6 +264,11 @@ class _TaskWriter:
         self._results: list[dict[str, Any]] = []
         self._statistics = _footer_statistics_columns(plan.data_schema)
 
+    @property
+    def schema(self) -> pa.Schema:
+        """The rows :meth:`write` takes: partition columns included."""
+        return self._plan.input_schema
+
     def write(self, data: pa.RecordBatch) -> None:
         for values, part in _split_by_partition(data, self._plan):
             key = tuple(values.values())
@@ -218,6 +288,13 @@ class _TaskWriter:
             if not largest.buffered:
                 break
             self._flush(largest)
+
+    def write_empty(self, values: dict[str, str | None]) -> list[dict[str, Any]]:
+        """Write one file without rows in the partition of serialized ``values``; report it."""
+        target = _OpenFile(values, partition_directory(self._plan.partition_columns, values))
+        self._start(target)
+        self._finish(target)
+        return self._results
 
     def close(self) -> list[dict[str, Any]]:
         for target in self._open.values():
@@ -255,8 +332,11 @@ class _TaskWriter:
                 self._finish(target)
 
     def _start(self, target: _OpenFile) -> None:
-        name = f"part-{self._task_id:05d}-{uuid.uuid4()}-c000.{self._plan.compression}.parquet"
-        target.relative_path = f"{target.directory}/{name}" if target.directory else name
+        prefix = "cdc" if self._plan.file_kind == "cdc" else "part"
+        name = f"{prefix}-{self._task_id:05d}-{uuid.uuid4()}-c000.{self._plan.compression}.parquet"
+        parent = "/".join(p for p in (
+            CHANGE_DATA_DIR if self._plan.file_kind == "cdc" else "", target.directory) if p)
+        target.relative_path = f"{parent}/{name}" if parent else name
         full_path = f"{self._base}/{target.relative_path}"
         directory = full_path.rsplit("/", 1)[0]
         if self._fs.type_name == "local" and directory not in self._directories:
@@ -278,7 +358,7 @@ class _TaskWriter:
         stream.close()
         # Size and time from the stream, not a stat: on object stores that is a request per file.
         self._results.append({
-            "kind": "file", "path": encode_add_path(target.relative_path), "size": size,
+            "kind": self._plan.file_kind, "path": encode_add_path(target.relative_path), "size": size,
             "num_records": stats.num_records, "modification_time": int(time.time() * 1000),
             "partition_values": json.dumps(target.values), "stats": stats.to_json(),
         })

@@ -344,12 +344,6 @@ def column_mapping(root: Path) -> tuple[Path, dict[str, Any]]:
     return target, spec(target, make_source(root))
 
 
-@case(UnsupportedTableFeatureError, "changeDataFeed (delta.enableChangeDataFeed=true)")
-def change_data_feed(root: Path) -> tuple[Path, dict[str, Any]]:
-    target = make_target(root, configuration={"delta.enableChangeDataFeed": "true"})
-    return target, spec(target, make_source(root))
-
-
 @case(UnsupportedTableFeatureError, "appendOnly (delta.appendOnly=true): this merge updates or deletes rows")
 def append_only_table_with_an_update(root: Path) -> tuple[Path, dict[str, Any]]:
     target = make_target(root, configuration={"delta.appendOnly": "true"})

@@ -320,9 +320,11 @@ ROWS: list[Row] = [
         ('Unsupported Delta protocol version: table "file:///data/t" requires reader version 4 and writer '
          "version 8, but Delta Lake ", "Please upgrade to a newer release.")),
     Row("DELTA_UNSUPPORTED_FEATURES_FOR_WRITE",
-        _refusal(configuration={"delta.enableChangeDataFeed": "true"}),
+        _refusal(configuration={
+            "delta.columnMapping.mode": "name", "delta.minReaderVersion": "2", "delta.minWriterVersion": "5"
+        }),
         ("Unsupported Delta write feature: table ", " requires writer table feature(s) that are unsupported "
-         "by Delta Lake ", ": changeDataFeed.")),
+         "by Delta Lake ", ": columnMapping.")),
     Row("DELTA_CANNOT_MODIFY_APPEND_ONLY", _refusal(configuration={"delta.appendOnly": "true"}),
         ("This table is configured to only allow appends. If you would like to permit updates or deletes, "
          "use 'ALTER TABLE ", " SET TBLPROPERTIES (delta.appendOnly=false)'.")),

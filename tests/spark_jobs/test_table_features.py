@@ -74,8 +74,12 @@ def test_plain_and_supported_feature_tables_are_writable() -> None:
         "domainMetadata",
         "vacuumProtocolCheck",
         "v2Checkpoint",
+        "changeDataFeed",
     )
     check_writable(_snapshot(protocol=supported), removes_files=True, candidate_files=[])
+    # Merges into change data feed tables write _change_data files and cdc actions.
+    cdf = {"delta.enableChangeDataFeed": "TRUE"}
+    check_writable(_snapshot(protocol=supported, configuration=cdf), removes_files=True, candidate_files=[])
 
 
 def test_conditional_features_are_fine_while_unused() -> None:
@@ -102,10 +106,6 @@ def test_deletion_vectors_on_candidate_files() -> None:
             "columnMapping (delta.columnMapping.mode=name)",
         ),
         (
-            {"configuration": {"delta.enableChangeDataFeed": "TRUE"}},
-            "changeDataFeed (delta.enableChangeDataFeed=true)",
-        ),
-        (
             {"fields": [_field("id", metadata={"delta.identity.start": 1, "delta.identity.step": 1})]},
             "identityColumns (id)",
         ),
@@ -128,7 +128,7 @@ def test_append_only_refuses_only_merges_that_remove_files() -> None:
 
 def test_every_problem_is_listed_at_once() -> None:
     snapshot = _snapshot(
-        configuration={"delta.columnMapping.mode": "id", "delta.enableChangeDataFeed": "true"},
+        configuration={"delta.columnMapping.mode": "id", "delta.appendOnly": "true"},
         protocol=_features("columnMapping", "changeDataFeed", "typeWidening"),
     )
     message = _refusal(snapshot)
