@@ -35,7 +35,7 @@ from spark_jobs.delta_merge.spark_statement import check_with_spark_parser
 from spark_jobs.delta_merge.spec import MergeSpec, ParsedMerge
 from spark_jobs.delta_merge.transaction import commit_serializably
 
-__all__ = ["run_merge"]
+__all__ = ["run_merge", "session_confs"]
 
 log = logging.getLogger("delta_merge")
 
@@ -43,7 +43,7 @@ _DEFAULT_TARGET_FILE_SIZE = 128 * 1024 * 1024
 
 
 @contextmanager
-def _session_confs(spark: SparkSession, confs: Mapping[str, str]) -> Iterator[None]:
+def session_confs(spark: SparkSession, confs: Mapping[str, str]) -> Iterator[None]:
     """Set session confs for the merge and restore the caller's values afterwards."""
     previous = {key: spark.conf.get(key, None) for key in confs}
     for key, value in confs.items():
@@ -126,7 +126,7 @@ def run_merge(spark: SparkSession, spec: MergeSpec | Mapping[str, Any]) -> Merge
         log.info("MERGE skipped: app transaction %s v%s is already in the log (version %d)",
                  spec.run.app_id, spec.run.app_version, applied.tableVersion)
         return applied
-    with _session_confs(spark, _merge_confs(spark, spec)):
+    with session_confs(spark, _merge_confs(spark, spec)):
         for attempt in range(1, MATERIALIZE_MAX_ATTEMPTS + 1):
             try:
                 return _run_attempt(spark, spec, parsed, started=started, attempt=attempt)

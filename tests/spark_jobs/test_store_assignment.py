@@ -27,8 +27,8 @@ import datetime as dt
 import math
 import re
 import uuid
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +39,7 @@ from deltalake import write_deltalake
 
 from spark_jobs.delta_merge import run_merge
 from spark_jobs.delta_merge.errors import CastFailureError, MergeAnalysisError, MergeJobError
+from spark_jobs.delta_merge.pipeline import session_confs
 from tests.delta_reader import read_table, table_version
 
 pytestmark = pytest.mark.spark
@@ -138,22 +139,11 @@ RUNTIME_CELLS = (
 
 
 # -- the session's confs ------------------------------------------------------------------------------------
-@contextmanager
-def _policy(spark: Any, policy: str) -> Iterator[None]:
+def _policy(spark: Any, policy: str) -> AbstractContextManager[None]:
     # As the merge job runs a policy: LEGACY with ANSI casts off, the others with them on.
     confs = {"spark.sql.storeAssignmentPolicy": policy,
              "spark.sql.ansi.enabled": "false" if policy == "LEGACY" else "true"}
-    previous = {key: spark.conf.get(key, None) for key in confs}
-    for key, value in confs.items():
-        spark.conf.set(key, value)
-    try:
-        yield
-    finally:
-        for key, old in previous.items():
-            if old is None:
-                spark.conf.unset(key)
-            else:
-                spark.conf.set(key, old)
+    return session_confs(spark, confs)
 
 
 def _source_view(spark: Any, cells: Sequence[Cell]) -> str:
