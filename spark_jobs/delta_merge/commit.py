@@ -256,10 +256,12 @@ def commit_actions(
         actions.append(
             {"txn": {"appId": app_id, "version": app_version, "lastUpdated": plan.deletion_timestamp}}
         )
+    # A file with a deletion vector is identified by path and vector: its remove carries the descriptor.
     actions += [
         {"remove": {
             "path": f.path, "deletionTimestamp": plan.deletion_timestamp, "dataChange": True,
             "extendedFileMetadata": True, "partitionValues": dict(f.partition_values), "size": f.size,
+            **({"deletionVector": f.deletion_vector.to_action()} if f.deletion_vector else {}),
         }}
         for f in plan.removes
     ]  # fmt: skip

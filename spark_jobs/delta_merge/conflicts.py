@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from spark_jobs.delta_merge.deletion_vectors import DeletionVector
 from spark_jobs.delta_merge.errors import ConcurrentModificationError
 from spark_jobs.delta_merge.files import FileStats, LiveFile
 
@@ -82,6 +83,7 @@ def added_file(add: Mapping[str, Any]) -> LiveFile:
     return LiveFile(
         path=add["path"], size=int(add.get("size", 0)), partition_values=add.get("partitionValues", {}),
         stats=stats, modification_time=int(add.get("modificationTime", 0)),
+        deletion_vector=DeletionVector.from_action(dv) if (dv := add.get("deletionVector")) else None,
     )
 
 

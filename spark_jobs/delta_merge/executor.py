@@ -183,7 +183,7 @@ def _insert_only(
     spark: SparkSession, source: DataFrame, *, snapshot: TargetSnapshot, plan: MergePlan,
     candidates: list[LiveFile], constraints: TableConstraints, target_file_size: int, dry_run: bool,
 ) -> MergeOutcome:
-    check_writable(snapshot, removes_files=False, candidate_files=candidates)
+    check_writable(snapshot, removes_files=False)
     started = time.monotonic()
     source, source_rows = counted(source, "merge_source_rows")
     target = scan_files(spark, snapshot, candidates) if candidates else None
@@ -216,7 +216,7 @@ def _classic(
             touched = TouchedFiles(frozenset(), 0, source.count())
     scan_ms = _elapsed_ms(started)
     removes = tuple(by_key[k] for k in sorted(touched.file_keys))
-    check_writable(snapshot, removes_files=bool(removes), candidate_files=list(removes))
+    check_writable(snapshot, removes_files=bool(removes))
     log.info("%d of %d candidate files touched", len(removes), len(candidates))
     started = time.monotonic()
     source, second_scan_rows = counted(source, "merge_source_rows_second_scan")

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from spark_jobs.delta_merge.deletion_vectors import DeletionVector
 
 __all__ = ["FileStats", "LiveFile", "WrittenFile"]
 
@@ -30,7 +33,7 @@ class LiveFile:
     :param path: ``add.path`` exactly as in the log: relative to the table root and percent-encoded
         (or an absolute URI for shallow-cloned tables).
     :param partition_values: serialized partition values as in the log (None for NULL).
-    :param has_deletion_vector: the file carries a deletion vector (its rows are not all live).
+    :param deletion_vector: the file's deletion vector descriptor (its rows are not all live), or None.
     """
 
     path: str
@@ -38,7 +41,11 @@ class LiveFile:
     partition_values: Mapping[str, str | None]
     stats: FileStats | None
     modification_time: int
-    has_deletion_vector: bool = False
+    deletion_vector: DeletionVector | None = None
+
+    @property
+    def has_deletion_vector(self) -> bool:
+        return self.deletion_vector is not None
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,11 @@ import pyarrow as pa
 from deltalake.exceptions import DeltaError, TableNotFoundError
 from pyspark.sql.types import StructType
 
+from spark_jobs.delta_merge.deletion_vectors import DeletionVector, log_deletion_vectors
 from spark_jobs.delta_merge.delta_schema import spark_schema_from_delta
 from spark_jobs.delta_merge.errors import MergeAnalysisError, MergeExecutionError
 from spark_jobs.delta_merge.files import FileStats, LiveFile
+from spark_jobs.delta_merge.log_store import log_store
 
 __all__ = ["TableProtocol", "TargetSnapshot", "file_uri", "load_snapshot", "relative_path_from_uri"]
 
@@ -46,6 +48,7 @@ class TargetSnapshot:
     :param files: the live ``add`` actions. Partition values are the log's strings for strings,
         numbers, booleans and dates; timestamps are rendered ``YYYY-MM-DD HH:MM:SS.ffffff`` in UTC
         (delta-rs only exposes parsed partition values).
+    :param storage_options: how to reach the table's store (to read deletion vectors).
     """
 
     table_uri: str
@@ -57,6 +60,7 @@ class TargetSnapshot:
     protocol: TableProtocol
     metadata_id: str
     files: tuple[LiveFile, ...] = field(repr=False)
+    storage_options: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
     _paths: Mapping[str, str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -79,7 +83,7 @@ def load_snapshot(
         schema_json = table.schema().to_json()
         protocol_versions = table.protocol()
         actions = pa.table(table.get_add_actions(flatten=False))
-        dv_uris = _deletion_vector_uris(table, protocol_versions.reader_features)
+        vectors = _deletion_vectors(table, protocol_versions.reader_features, options)
     except DeltaError as exc:
         raise MergeAnalysisError(
             f"Cannot read the Delta log of target {uri} at version {table.version()}: {_first_line(exc)}. "
@@ -88,8 +92,7 @@ def load_snapshot(
     schema = spark_schema_from_delta(schema_json)
     partition_columns = tuple(metadata.partition_columns)
     table_uri = table.table_uri.rstrip("/")
-    dv_keys = {_uri_key(u) for u in dv_uris}
-    files = tuple(_live_file(row, partition_columns, table_uri, dv_keys) for row in actions.to_pylist())
+    files = tuple(_live_file(row, partition_columns, vectors) for row in actions.to_pylist())
     return TargetSnapshot(
         table_uri=table_uri,
         version=table.version(),
@@ -105,6 +108,7 @@ def load_snapshot(
         ),
         metadata_id=str(metadata.id),
         files=files,
+        storage_options=dict(storage_options or {}),
     )
 
 
@@ -206,17 +210,25 @@ def _first_line(exc: Exception) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
-def _deletion_vector_uris(table: deltalake.DeltaTable, reader_features: Iterable[str] | None) -> list[str]:
-    # get_add_actions() does not expose deletionVector descriptors, and deletion_vectors()
-    # materializes every vector: only ask when the protocol allows deletion vectors at all.
+def _deletion_vectors(
+    table: deltalake.DeltaTable, reader_features: Iterable[str] | None, options: dict[str, str] | None
+) -> Mapping[str, DeletionVector]:
+    # get_add_actions() does not expose deletionVector descriptors: replay the log for them, and only
+    # when the protocol allows deletion vectors at all.
     if "deletionVectors" not in set(reader_features or ()):
-        return []
-    vectors = pa.table(table.deletion_vectors())
-    return [str(u) for u in vectors.column("filepath").to_pylist()]
+        return {}
+    try:
+        store = log_store(table.table_uri, options)
+        return log_deletion_vectors(store, table.version())
+    except (OSError, ValueError, KeyError) as exc:
+        raise MergeAnalysisError(
+            f"Cannot read the deletion vector descriptors of target {table.table_uri} at version "
+            f"{table.version()}: {exc}. Check that _delta_log/ is intact."
+        ) from exc
 
 
 def _live_file(
-    row: Mapping[str, Any], partition_columns: tuple[str, ...], table_uri: str, dv_keys: set[str]
+    row: Mapping[str, Any], partition_columns: tuple[str, ...], vectors: Mapping[str, DeletionVector]
 ) -> LiveFile:
     partition = row.get("partition") or {}
     path = str(row["path"])
@@ -226,7 +238,7 @@ def _live_file(
         partition_values={c: _partition_string(partition.get(c)) for c in partition_columns},
         stats=_file_stats(row),
         modification_time=int(row["modification_time"]),
-        has_deletion_vector=_file_key(table_uri, path) in dv_keys,
+        deletion_vector=vectors.get(path),
     )
 
 

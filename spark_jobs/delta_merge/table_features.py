@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from pyspark.sql.types import StructField, StructType
 
 from spark_jobs.delta_merge.errors import MergeAnalysisError, UnsupportedTableFeatureError
-from spark_jobs.delta_merge.files import LiveFile
 from spark_jobs.delta_merge.snapshot import TargetSnapshot
 
 __all__ = [
@@ -24,10 +23,14 @@ __all__ = [
 # vacuumProtocolCheck only constrains VACUUM, which this job never runs. v2Checkpoint: deltalake 1.6.6
 # reads V2 checkpoints and writes its own as classic-named V2 checkpoints carrying checkpointMetadata.
 # changeDataFeed: merges into such tables write _change_data files and cdc actions, as Delta's.
+# deletionVectors: files carrying one are read without their deleted rows and, when rewritten, removed with
+# their descriptor; merges always rewrite (copy-on-write) and never write new vectors, whatever
+# delta.enableDeletionVectors says (Delta's own writers may, too: the property only permits them).
 SUPPORTED_FEATURES = frozenset(
     {
         "appendOnly",
         "changeDataFeed",
+        "deletionVectors",
         "invariants",
         "checkConstraints",
         "generatedColumns",
@@ -38,7 +41,7 @@ SUPPORTED_FEATURES = frozenset(
     }
 )
 # Supported only while unused: checked against files, properties and the schema below.
-_CONDITIONAL_FEATURES = frozenset({"deletionVectors", "columnMapping", "identityColumns"})
+_CONDITIONAL_FEATURES = frozenset({"columnMapping", "identityColumns"})
 _PROTOCOL = "protocol"
 _APPEND_ONLY = "appendOnly"
 # How Delta's messages name the writer ("... unsupported by Delta Lake "<version>"").
@@ -77,16 +80,13 @@ class TableConstraints:
     generated: Mapping[str, str] = field(default_factory=dict)
 
 
-def check_writable(
-    snapshot: TargetSnapshot, *, removes_files: bool, candidate_files: Sequence[LiveFile]
-) -> None:
+def check_writable(snapshot: TargetSnapshot, *, removes_files: bool) -> None:
     """Refuse, before anything is written, a merge this job cannot commit correctly.
 
     :param removes_files: the merge would remove (rewrite) files, i.e. it is not insert-only.
-    :param candidate_files: the files the merge reads to find matches.
     :raises UnsupportedTableFeatureError: naming every problem found, why, and what to do.
     """
-    problems = list(_problems(snapshot, removes_files=removes_files, candidate_files=candidate_files))
+    problems = list(_problems(snapshot, removes_files=removes_files))
     if not problems:
         return
     error_class, head = _delta_refusal(snapshot, [feature for feature, _ in problems])
@@ -148,9 +148,7 @@ def table_constraints(snapshot: TargetSnapshot) -> TableConstraints:
     return TableConstraints(checks=checks, not_null=tuple(not_null), generated=generated)
 
 
-def _problems(
-    snapshot: TargetSnapshot, *, removes_files: bool, candidate_files: Sequence[LiveFile]
-) -> Iterator[tuple[str, str]]:
+def _problems(snapshot: TargetSnapshot, *, removes_files: bool) -> Iterator[tuple[str, str]]:
     """(feature, why and what to do) per problem; the protocol version counts as feature ``protocol``."""
     protocol = snapshot.protocol
     config = {k.lower(): v for k, v in snapshot.configuration.items()}
@@ -158,14 +156,6 @@ def _problems(
         yield _PROTOCOL, (
             f"protocol version (reader {protocol.min_reader_version}, writer {protocol.min_writer_version}): "
             "newer than Delta's reader 3 / writer 7, whose rules this job knows."
-        )
-    with_dv = [f.path for f in candidate_files if f.has_deletion_vector]
-    if with_dv:
-        shown = ", ".join(with_dv[:3]) + (" ..." if len(with_dv) > 3 else "")
-        yield "deletionVectors", (
-            f"deletionVectors: {len(with_dv)} file(s) the merge reads carry deletion vectors ({shown}). "
-            "The job reads Parquet directly and would resurrect deleted rows, and a remove cannot carry "
-            "the vector. Purge them first (REORG TABLE ... APPLY (PURGE)) or disable deletion vectors."
         )
     mode = config.get("delta.columnmapping.mode", "none").lower()
     if mode != "none":

@@ -1,4 +1,5 @@
-"""Read exactly a given set of a table's live files with Spark, partition values attached from the log."""
+"""Read exactly a given set of a table's live files with Spark: partition values from the log, deleted rows
+(deletion vectors) left out."""
 
 from __future__ import annotations
 
@@ -7,9 +8,11 @@ from typing import TYPE_CHECKING
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import StringType, StructField, StructType
+from pyspark.sql.types import LongType, StringType, StructField, StructType
 
+from spark_jobs.delta_merge.deletion_vectors import deleted_rows
 from spark_jobs.delta_merge.files import LiveFile
+from spark_jobs.delta_merge.log_store import log_store
 from spark_jobs.delta_merge.partition_values import parse_partition_value
 from spark_jobs.delta_merge.snapshot import file_uri
 
@@ -20,6 +23,7 @@ __all__ = ["FILE_KEY_COLUMN", "file_key", "scan_files"]
 
 # Identifies the file a target row came from, in the form `file_key` gives for a LiveFile.
 FILE_KEY_COLUMN = "__merge_file"
+_ROW_INDEX = "__merge_row_index"
 
 
 def file_key(snapshot: TargetSnapshot, live_file: LiveFile) -> str:
@@ -36,6 +40,55 @@ def _file_key_column() -> Column:
     return F.regexp_replace(decoded, r"^[a-zA-Z][a-zA-Z0-9+.-]*:/*", "/")
 
 
+def _read_live_rows(
+    spark: SparkSession,
+    snapshot: TargetSnapshot,
+    files: Sequence[LiveFile],
+    data_schema: StructType,
+    *,
+    with_file_key: bool,
+) -> DataFrame:
+    """The Parquet rows of ``files`` minus the rows their deletion vectors delete.
+
+    Files without a vector are read as they are; only files with one pay for the anti join on
+    (file, ``_metadata.row_index``) against their deleted rows, which are few and broadcast.
+    """
+    plain = [f for f in files if f.deletion_vector is None]
+    with_dv = [f for f in files if f.deletion_vector is not None]
+    parts: list[DataFrame] = []
+    if plain:
+        df = spark.read.schema(data_schema).parquet(*[file_uri(snapshot, f) for f in plain])
+        parts.append(df.withColumn(FILE_KEY_COLUMN, _file_key_column()) if with_file_key else df)
+    if with_dv:
+        store = log_store(snapshot.table_uri, snapshot.storage_options)
+        deleted = [
+            (file_key(snapshot, f), row)
+            for f in with_dv
+            if f.deletion_vector is not None
+            for row in deleted_rows(store, snapshot.table_uri, f.deletion_vector)
+        ]
+        deleted_schema = StructType(
+            [StructField(FILE_KEY_COLUMN, StringType()), StructField(_ROW_INDEX, LongType())]
+        )
+        df = (
+            spark.read.schema(data_schema)
+            .parquet(*[file_uri(snapshot, f) for f in with_dv])
+            .withColumn(FILE_KEY_COLUMN, _file_key_column())
+            .withColumn(_ROW_INDEX, F.col("_metadata.row_index"))
+            .join(
+                F.broadcast(spark.createDataFrame(deleted, deleted_schema)),
+                [FILE_KEY_COLUMN, _ROW_INDEX],
+                "left_anti",
+            )
+            .drop(_ROW_INDEX)
+        )
+        parts.append(df if with_file_key else df.drop(FILE_KEY_COLUMN))
+    result = parts[0]
+    for part in parts[1:]:
+        result = result.unionByName(part)
+    return result
+
+
 def scan_files(
     spark: SparkSession,
     snapshot: TargetSnapshot,
@@ -50,10 +103,9 @@ def scan_files(
     out_fields = list(schema.fields) + ([StructField(FILE_KEY_COLUMN, StringType())] if with_file_key else [])
     if not files:
         return spark.createDataFrame([], StructType(out_fields))
-    paths = [file_uri(snapshot, f) for f in files]
-    df = spark.read.schema(data_schema).parquet(*paths)
-    if with_file_key or partition_columns:
-        df = df.withColumn(FILE_KEY_COLUMN, _file_key_column())
+    df = _read_live_rows(
+        spark, snapshot, files, data_schema, with_file_key=with_file_key or bool(partition_columns)
+    )
     if partition_columns:
         part_schema = StructType(
             [StructField(FILE_KEY_COLUMN, StringType())]

@@ -158,7 +158,7 @@ def _refusal(*, removes_files: bool = True, **write_options: Any) -> Callable[[C
     def trigger(ctx: Context) -> object:
         write_deltalake(ctx.root, pa.table({"id": pa.array([1], pa.int64())}), **write_options)
         snapshot = load_snapshot(str(ctx.root))
-        return check_writable(snapshot, removes_files=removes_files, candidate_files=snapshot.files)
+        return check_writable(snapshot, removes_files=removes_files)
 
     return trigger
 
@@ -175,7 +175,7 @@ def _snapshot(fields: Sequence[Mapping[str, Any]], protocol: TableProtocol) -> T
 def protocol_too_new(_: Context) -> object:
     field = {"name": "id", "type": "long", "nullable": True, "metadata": {}}
     snapshot = _snapshot([field], TableProtocol(4, 8))
-    return check_writable(snapshot, removes_files=True, candidate_files=())
+    return check_writable(snapshot, removes_files=True)
 
 
 def unrecognized_invariant(_: Context) -> object:

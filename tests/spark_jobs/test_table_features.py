@@ -11,6 +11,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
+from spark_jobs.delta_merge.deletion_vectors import DeletionVector
 from spark_jobs.delta_merge.delta_schema import spark_schema_from_delta
 from spark_jobs.delta_merge.errors import MergeAnalysisError, UnsupportedTableFeatureError
 from spark_jobs.delta_merge.files import LiveFile
@@ -25,9 +26,11 @@ def _field(
 
 
 def _file(path: str, *, dv: bool = False) -> LiveFile:
+    vector = DeletionVector(storage_type="i", path_or_inline_dv="00000", size_in_bytes=4, cardinality=1)
     return LiveFile(
-        path=path, size=10, partition_values={}, stats=None, modification_time=0, has_deletion_vector=dv
-    )
+        path=path, size=10, partition_values={}, stats=None, modification_time=0,
+        deletion_vector=vector if dv else None,
+    )  # fmt: skip
 
 
 def _snapshot(
@@ -55,16 +58,14 @@ def _features(*names: str) -> TableProtocol:
     return TableProtocol(3, 7, frozenset(names), frozenset(names))
 
 
-def _refusal(
-    snapshot: TargetSnapshot, *, removes_files: bool = True, candidates: tuple[LiveFile, ...] = ()
-) -> str:
+def _refusal(snapshot: TargetSnapshot, *, removes_files: bool = True) -> str:
     with pytest.raises(UnsupportedTableFeatureError) as err:
-        check_writable(snapshot, removes_files=removes_files, candidate_files=candidates)
+        check_writable(snapshot, removes_files=removes_files)
     return str(err.value)
 
 
 def test_plain_and_supported_feature_tables_are_writable() -> None:
-    check_writable(_snapshot(), removes_files=True, candidate_files=[_file("a")])
+    check_writable(_snapshot(), removes_files=True)
     supported = _features(
         "appendOnly",
         "invariants",
@@ -75,27 +76,29 @@ def test_plain_and_supported_feature_tables_are_writable() -> None:
         "vacuumProtocolCheck",
         "v2Checkpoint",
         "changeDataFeed",
+        "deletionVectors",
     )
-    check_writable(_snapshot(protocol=supported), removes_files=True, candidate_files=[])
+    check_writable(_snapshot(protocol=supported), removes_files=True)
     # Merges into change data feed tables write _change_data files and cdc actions.
     cdf = {"delta.enableChangeDataFeed": "TRUE"}
-    check_writable(_snapshot(protocol=supported, configuration=cdf), removes_files=True, candidate_files=[])
+    check_writable(_snapshot(protocol=supported, configuration=cdf), removes_files=True)
 
 
 def test_conditional_features_are_fine_while_unused() -> None:
-    protocol = _features("deletionVectors", "columnMapping", "changeDataFeed", "identityColumns")
+    protocol = _features("columnMapping", "changeDataFeed", "identityColumns")
     config = {"delta.columnMapping.mode": "none", "delta.enableChangeDataFeed": "false"}
-    snapshot = _snapshot(protocol=protocol, configuration=config, files=(_file("a"), _file("b", dv=True)))
-    check_writable(snapshot, removes_files=True, candidate_files=[_file("a")])
+    snapshot = _snapshot(protocol=protocol, configuration=config, files=(_file("a"),))
+    check_writable(snapshot, removes_files=True)
 
 
-def test_deletion_vectors_on_candidate_files() -> None:
-    dv = (_file("p=1/a.parquet", dv=True), _file("b.parquet"))
-    message = _refusal(_snapshot(protocol=_features("deletionVectors")), candidates=dv)
-    assert "deletionVectors: 1 file(s)" in message
-    assert "p=1/a.parquet" in message
-    assert "PURGE" in message
-    assert "file:///t (version 3)" in message
+def test_files_with_deletion_vectors_are_rewritten_not_refused() -> None:
+    # Copy-on-write: the scan leaves deleted rows out and the remove carries the descriptor.
+    config = {"delta.enableDeletionVectors": "true"}
+    files = (_file("p=1/a.parquet", dv=True), _file("b.parquet"))
+    snapshot = _snapshot(protocol=_features("deletionVectors"), configuration=config, files=files)
+    check_writable(snapshot, removes_files=True)
+    assert snapshot.files[0].has_deletion_vector
+    assert not snapshot.files[1].has_deletion_vector
 
 
 @pytest.mark.parametrize(
@@ -122,7 +125,7 @@ def test_refused_features(kwargs: dict[str, Any], expected: str) -> None:
 
 def test_append_only_refuses_only_merges_that_remove_files() -> None:
     snapshot = _snapshot(configuration={"delta.appendOnly": "true"})
-    check_writable(snapshot, removes_files=False, candidate_files=[_file("a")])
+    check_writable(snapshot, removes_files=False)
     assert "appendOnly (delta.appendOnly=true)" in _refusal(snapshot, removes_files=True)
 
 
@@ -172,4 +175,4 @@ def test_constraints_of_a_real_table(tmp_path: Path) -> None:
     DeltaTable(tmp_path).alter.add_constraint({"id_positive": "id > 0"})
     snapshot = load_snapshot(str(tmp_path))
     assert table_constraints(snapshot).checks == {"id_positive": "id > 0"}
-    check_writable(snapshot, removes_files=True, candidate_files=snapshot.files)
+    check_writable(snapshot, removes_files=True)
