@@ -1,7 +1,8 @@
 """Deletion vectors of live files: their descriptors from the log and the row indexes they delete.
 
 PROTOCOL.md "Deletion Vectors". The 32-bit roaring bitmaps are pyroaring's (portable format); written by
-hand here are Z85 decoding (no maintained Z85 package on PyPI; ``base64`` has none), the
+hand here are Z85 decoding (``base64`` has none; PyPI's ``z85`` 0.0.2 and ``z85-codec`` 0.1.0 are
+single early releases, not worth a dependency for ten lines), the
 RoaringBitmapArray framing (magic, count, key + bitmap pairs), the DV file framing (size, data, CRC32)
 and the replay of the log for descriptors, which deltalake 1.6 does not expose.
 """
