@@ -52,8 +52,8 @@ _WHY = {
     "on rewritten rows; this job cannot",
     "typeWidening": "older files may hold narrower types than the schema; Spark's Parquet reader "
     "would not widen them the way Delta does",
-    "inCommitTimestamp": "every commit must carry inCommitTimestamp in commitInfo, which deltalake's "
-    "commit API does not write",
+    "inCommitTimestamp": "every commit must carry a monotonic inCommitTimestamp in commitInfo, which this "
+    "job does not write yet",
     "clustering": "liquid clustering metadata (clusteringProvider, domain metadata) would not be kept "
     "up to date",
     "icebergCompatV1": "Iceberg compatibility needs column mapping and Iceberg metadata on commit",

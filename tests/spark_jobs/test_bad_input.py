@@ -7,7 +7,6 @@ the table root. Inputs refused by spec validation need no JVM; the others run th
 from __future__ import annotations
 
 import json
-import struct
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -327,11 +326,11 @@ def not_null_violated(root: Path) -> tuple[Path, dict[str, Any]]:
     return target, spec(target, make_source(root), sql)
 
 
-@case(UnsupportedTableFeatureError, "deletionVectors: 1 file(s) the merge reads carry deletion vectors")
-def deletion_vectors_on_a_touched_file(root: Path) -> tuple[Path, dict[str, Any]]:
+@case(UnsupportedTableFeatureError, "rowTracking: writers must assign row ids")
+def row_tracking(root: Path) -> tuple[Path, dict[str, Any]]:
     target = root / "t"
     write_deltalake(str(target), kv([(1, 1, "a"), (2, 2, "b"), (4, 4, "b")]), partition_by=["v"])
-    _add_inline_deletion_vector(target, partition="b")
+    _commit_protocol(target, writer_features=["rowTracking", "domainMetadata"])
     return target, spec(target, make_source(root), ON + "WHEN MATCHED THEN UPDATE SET n = s.n")
 
 
@@ -366,35 +365,8 @@ def test_the_catalogue_is_large_enough() -> None:
 
 
 # -- helpers -----------------------------------------------------------------------------------------------
-_Z85 = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
-
-
-def _inline_dv(rows: list[int]) -> tuple[str, int]:
-    """An inline deletion vector (Delta's RoaringBitmapArray, one array container), Z85-encoded."""
-    container = b"".join(struct.pack("<H", r) for r in sorted(rows))
-    bitmap = struct.pack("<IIHHI", 12346, 1, 0, len(rows) - 1, 16) + container
-    data = struct.pack("<iqi", 1681511377, 1, 0) + bitmap  # Z85 needs len % 4 == 0: even row counts
-    out = []
-    for i in range(0, len(data), 4):
-        value = int.from_bytes(data[i : i + 4], "big")
-        out.append("".join(_Z85[value // 85**k % 85] for k in range(4, -1, -1)))
-    return "".join(out), len(data)
-
-
-def _add_inline_deletion_vector(target: Path, *, partition: str) -> None:
-    """Commit, by hand, a deletion vector on the file of one partition (deltalake writes none)."""
-    log = target / "_delta_log"
-    adds = [json.loads(line)["add"] for line in (log / f"{0:020d}.json").read_text().splitlines()
-            if "add" in json.loads(line)]
-    add = next(a for a in adds if a["partitionValues"]["v"] == partition)
-    encoded, size = _inline_dv([0, 1])
-    vector = {"storageType": "i", "pathOrInlineDv": encoded, "sizeInBytes": size, "cardinality": 2}
-    protocol = {"minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": ["deletionVectors"],
-                "writerFeatures": ["deletionVectors"]}
-    actions = [
-        {"commitInfo": {"operation": "DELETE"}},
-        {"protocol": protocol},
-        {"remove": {"path": add["path"], "deletionTimestamp": 1, "dataChange": True}},
-        {"add": {**add, "deletionVector": vector}},
-    ]
-    (log / f"{1:020d}.json").write_text("".join(json.dumps(a) + "\n" for a in actions))
+def _commit_protocol(target: Path, *, writer_features: list[str]) -> None:
+    """Commit, by hand, a protocol with writer features deltalake cannot create tables with."""
+    protocol = {"minReaderVersion": 1, "minWriterVersion": 7, "writerFeatures": writer_features}
+    actions = [{"commitInfo": {"operation": "UPGRADE PROTOCOL"}}, {"protocol": protocol}]
+    (target / "_delta_log" / f"{1:020d}.json").write_text("".join(json.dumps(a) + "\n" for a in actions))
