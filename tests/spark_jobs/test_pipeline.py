@@ -25,7 +25,8 @@ from spark_jobs.delta_merge import run_merge
 from spark_jobs.delta_merge.commit import read_commit_info
 from spark_jobs.delta_merge.errors import MergeJobError
 from spark_jobs.delta_merge.metrics import DELTA_METRIC_NAMES, MergeMetrics
-from tests.delta_reader import read_rows, table_version
+from tests.delta_reader import read_rows, read_rows_with_kernel, table_version
+from tests.spark_jobs.scenario_harness import multiset
 
 pytestmark = pytest.mark.spark
 
@@ -59,8 +60,12 @@ def parquet_source(directory: Path, table: pa.Table) -> dict[str, Any]:
 
 
 def sorted_rows(path: Path, columns: Sequence[str] | None = None) -> list[tuple[Any, ...]]:
-    """Live rows, NULL ids first, then by id and the remaining values."""
-    rows = [tuple(r) for r in read_rows(path, columns=list(columns) if columns else None)]
+    """Live rows (deltalake), NULL ids first, then by id and the remaining values; checked equal, as a
+    multiset, to what the delta-kernel reader (DuckDB's Delta extension) reads."""
+    names = list(columns) if columns else [f.name for f in DeltaTable(str(path)).schema().fields]
+    listed = read_rows(path, columns=names)
+    assert multiset(read_rows_with_kernel(path, columns=names)) == multiset(listed)
+    rows = [tuple(r) for r in listed]
     return sorted(rows, key=lambda r: (r[0] is not None, r[0] if r[0] is not None else 0, repr(r)))
 
 
