@@ -13,7 +13,7 @@ import os
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import metadata as package_metadata
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -88,6 +88,8 @@ class CommitPlan:
     :param checkpoint_interval: the table's ``delta.checkpointInterval``: a checkpoint follows every
         version divisible by it, as Delta writers do.
     :param change_files: change data files (change data feed), committed as ``cdc`` actions.
+    :param configuration_updates: table properties the merge sets (column mapping's maxColumnId, ...);
+        committed, like a schema change, as a ``metaData`` action in the same version as the data.
     """
 
     table_uri: str
@@ -102,6 +104,11 @@ class CommitPlan:
     token: str
     checkpoint_interval: int = _DEFAULT_CHECKPOINT_INTERVAL
     change_files: tuple[WrittenFile, ...] = ()
+    configuration_updates: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def changes_metadata(self) -> bool:
+        return self.new_schema_json is not None or bool(self.configuration_updates)
 
 
 def commit_merge(
@@ -116,6 +123,7 @@ def commit_merge(
     commit_metadata: Mapping[str, Any],
     isolation_level: str = "WriteSerializable",
     storage_options: Mapping[str, str] | None = None,
+    configuration_updates: Mapping[str, str] | None = None,
 ) -> int:
     """Commit the merge on top of exactly ``snapshot.version``; return the committed version.
 
@@ -131,6 +139,7 @@ def commit_merge(
         app_transaction=app_transaction,
         commit_metadata=commit_metadata,
         isolation_level=isolation_level,
+        configuration_updates=configuration_updates,
     )
     return attempt_commit(plan, base_version=snapshot.version, storage_options=storage_options)
 
@@ -147,6 +156,7 @@ def plan_commit(
     commit_metadata: Mapping[str, Any],
     isolation_level: str = "WriteSerializable",
     change_files: Sequence[WrittenFile] = (),
+    configuration_updates: Mapping[str, str] | None = None,
 ) -> CommitPlan:
     """Validate the merge's file actions and build its commitInfo.
 
@@ -206,7 +216,13 @@ def plan_commit(
         token=token,
         checkpoint_interval=_checkpoint_interval(snapshot.configuration),
         change_files=tuple(change_files),
+        configuration_updates=_configuration_updates(snapshot, configuration_updates or {}),
     )
+
+
+def _configuration_updates(snapshot: TargetSnapshot, updates: Mapping[str, str]) -> dict[str, str]:
+    """The properties that actually change (a metaData action is committed only for real changes)."""
+    return {k: str(v) for k, v in updates.items() if snapshot.configuration.get(k) != str(v)}
 
 
 def attempt_commit(
@@ -248,7 +264,7 @@ def commit_actions(
     """The actions of the merge's commit, in the order Delta writes them."""
     commit_info = {"timestamp": int(time.time() * 1000), **plan.commit_info}
     actions: list[dict[str, Any]] = [{"commitInfo": commit_info}]
-    if plan.new_schema_json is not None:
+    if plan.changes_metadata:
         actions.append({"metaData": _metadata_action(plan, base_version, storage_options)})
     if plan.app_transaction is not None:
         app_id, app_version = plan.app_transaction
@@ -285,7 +301,8 @@ def commit_actions(
 def _metadata_action(
     plan: CommitPlan, base_version: int, storage_options: Mapping[str, str] | None
 ) -> dict[str, Any]:
-    """The table's metaData at ``base_version`` with the evolved schema: same id, properties, partitioning."""
+    """The table's metaData at ``base_version`` with the merge's schema and property changes; same id and
+    partitioning."""
     options = dict(storage_options) if storage_options else None
     try:
         current = deltalake.DeltaTable(
@@ -301,11 +318,17 @@ def _metadata_action(
         "name": current.name,
         "description": current.description,
         "format": {"provider": "parquet", "options": {}},
-        "schemaString": plan.new_schema_json,
+        "schemaString": plan.new_schema_json if plan.new_schema_json is not None else _schema_json(
+            plan.table_uri, base_version, options
+        ),
         "partitionColumns": list(current.partition_columns),
-        "configuration": dict(current.configuration),
+        "configuration": {**current.configuration, **plan.configuration_updates},
         "createdTime": current.created_time,
     }
+
+
+def _schema_json(table_uri: str, version: int, options: dict[str, str] | None) -> str:
+    return deltalake.DeltaTable(table_uri, version=version, storage_options=options).schema().to_json()
 
 
 def _checkpoint_if_due(plan: CommitPlan, version: int, storage_options: Mapping[str, str] | None) -> None:

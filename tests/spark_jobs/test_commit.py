@@ -204,6 +204,21 @@ def test_schema_evolution_is_one_commit_with_its_metadata(tmp_path: Path) -> Non
     assert after.metadata_id == snapshot.metadata_id
 
 
+def test_property_updates_are_committed_with_the_data(tmp_path: Path) -> None:
+    snapshot = _table(tmp_path)
+    new = _write(tmp_path, "a", {"id": [3]})
+    updates = {"delta.checkpointInterval": "7"}
+    assert _commit(snapshot, [], [new], configuration_updates=updates) == 1
+    actions = _log(tmp_path, 1)
+    assert [next(iter(a)) for a in actions] == ["commitInfo", "metaData", "add"]
+    assert actions[1]["metaData"]["configuration"]["delta.checkpointInterval"] == "7"
+    assert load_snapshot(str(tmp_path)).schema == snapshot.schema
+    # A property that already has the value is no change: no metaData action.
+    after = load_snapshot(str(tmp_path))
+    assert _commit(after, [], [_write(tmp_path, "a", {"id": [4]})], configuration_updates=updates) == 2
+    assert [next(iter(a)) for a in _log(tmp_path, 2)] == ["commitInfo", "add"]
+
+
 def test_unchanged_schema_makes_one_commit(tmp_path: Path) -> None:
     snapshot = _table(tmp_path)
     same = StructType([StructField("id", LongType()), StructField("p", StringType())])
