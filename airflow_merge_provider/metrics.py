@@ -7,7 +7,7 @@ from typing import Any
 
 from spark_jobs.delta_merge.contract import DELTA_METRIC_NAMES, MergeMetrics
 
-__all__ = ["format_metrics_table", "format_summary", "from_commit_info", "to_xcom"]
+__all__ = ["format_metrics_table", "format_summary", "to_xcom"]
 
 _EXTRA_NAMES = tuple(name for name in MergeMetrics.__dataclass_fields__ if name not in DELTA_METRIC_NAMES)
 
@@ -18,22 +18,11 @@ def to_xcom(
     """One plain dict: every metric of Delta's table as an int, numOutputRows, materializeSourceReason,
     readVersion, tableVersion, skipped, dryRun, plus the merge's ``appId`` and ``appVersion``.
 
-    :param raw: the job's metrics line (ints) or a commit's operationMetrics (strings); unknown keys are
-        dropped, missing ones are 0 (-1 for the versions).
+    :param raw: the job's metrics line or a commit's metrics (``MergeMetrics.from_commit``); unknown keys
+        are dropped, missing ones are 0 (-1 for the versions).
     """
     metrics = MergeMetrics.from_mapping(raw).with_values(skipped=skipped).to_dict()
     return {**metrics, "appId": app_id, "appVersion": app_version}
-
-
-def from_commit_info(version: int, commit_info: Mapping[str, Any]) -> dict[str, Any]:
-    """The raw metrics of a merge commit: its operationMetrics, readVersion and the commit's version."""
-    raw: dict[str, Any] = dict(commit_info.get("operationMetrics") or {})
-    # Not an operation metric in Delta; the job may record it at the top level of commitInfo.
-    reason = raw.get("materializeSourceReason", commit_info.get("materializeSourceReason"))
-    raw["materializeSourceReason"] = "" if reason is None else str(reason)
-    raw["readVersion"] = commit_info.get("readVersion", -1)
-    raw["tableVersion"] = version
-    return raw
 
 
 def format_summary(target: str, metrics: Mapping[str, Any]) -> str:

@@ -1,6 +1,7 @@
 """Find a merge commit in a table's Delta log: the one decision shared by the operator, sensor and trigger.
 
-Reads the log through deltalake (imported lazily: DAG parsing must not load it); never starts Spark.
+Reads the log through the job's log reader (``delta_log``, via ``contract``; it imports deltalake only when
+called, as DAG parsing must not load it); never starts Spark.
 """
 
 from __future__ import annotations
@@ -13,13 +14,13 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from airflow_merge_provider.errors import MergeProviderError, TargetTableNotFoundError
-from airflow_merge_provider.metrics import from_commit_info, to_xcom
+from airflow_merge_provider.metrics import to_xcom
 from spark_jobs.delta_merge.contract import (
-    MERGE_ENGINE,
-    MERGE_OPERATION,
     MergeJobError,
+    MergeMetrics,
+    app_transaction_version,
     find_app_transaction_commit,
-    read_commit_actions,
+    first_merge_commit_after,
 )
 
 __all__ = ["MergeCommit", "find_merge_commit", "normalize_table_uri"]
@@ -42,7 +43,7 @@ class MergeCommit:
 
     def metrics(self, *, skipped: bool = False) -> dict[str, Any]:
         """The commit's metrics in the operator's XCom shape (ints, plus appId/appVersion)."""
-        raw = from_commit_info(self.version, self.commit_info)
+        raw = MergeMetrics.from_commit(self.version, self.commit_info).to_dict()
         return to_xcom(raw, app_id=self.app_id, app_version=self.app_version, skipped=skipped)
 
     def to_dict(self) -> dict[str, Any]:
@@ -108,7 +109,7 @@ def _app_commit(
 ) -> MergeCommit | None:
     with _reading(uri):
         if app_version is None:
-            app_version = _load(uri, options).transaction_version(app_id)
+            app_version = app_transaction_version(uri, app_id, storage_options=options)
             if app_version is None:
                 return None
         found = find_app_transaction_commit(uri, app_id, app_version, storage_options=options)
@@ -120,28 +121,8 @@ def _app_commit(
 
 def _first_merge_after(uri: str, after_version: int, options: dict[str, str] | None) -> MergeCommit | None:
     with _reading(uri):
-        latest = _load(uri, options).version()
-        for version in range(after_version + 1, latest + 1):
-            actions = _commit_actions(uri, version, options)
-            info: dict[str, Any] = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
-            if info.get("mergeEngine") == MERGE_ENGINE and info.get("mergeOperation") == MERGE_OPERATION:
-                txn: dict[str, Any] = next((a["txn"] for a in actions if "txn" in a), {})
-                app_version = txn.get("version")
-                return MergeCommit(
-                    version, info, txn.get("appId"), app_version if isinstance(app_version, int) else None
-                )
-    return None
-
-
-def _commit_actions(uri: str, version: int, options: dict[str, str] | None) -> list[dict[str, Any]]:
-    """The actions of one commit file; none when it was cleaned up (then there is nothing to report)."""
-    return read_commit_actions(uri, version, storage_options=options) or []
-
-
-def _load(uri: str, options: dict[str, str] | None) -> Any:
-    import deltalake
-
-    return deltalake.DeltaTable(uri, storage_options=options)
+        found = first_merge_commit_after(uri, after_version, storage_options=options)
+    return None if found is None else MergeCommit(*found)
 
 
 @contextmanager

@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata as package_metadata
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
 import deltalake
 from deltalake.exceptions import DeltaError
@@ -25,13 +23,11 @@ from obstore.exceptions import BaseError as StoreError
 from spark_jobs.delta_merge.contract import MERGE_ENGINE, MERGE_OPERATION
 from spark_jobs.delta_merge.errors import (
     ConcurrentModificationError,
-    MergeAnalysisError,
     MergeExecutionError,
     MergeSpecError,
 )
 from spark_jobs.delta_merge.files import LiveFile, WrittenFile
-from spark_jobs.delta_merge.log_store import latest_version as _probe_latest
-from spark_jobs.delta_merge.log_store import log_store, read_commit, write_commit
+from spark_jobs.delta_merge.log_store import log_store, write_commit
 
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
@@ -45,11 +41,7 @@ __all__ = [
     "CommitPlan",
     "attempt_commit",
     "commit_merge",
-    "find_app_transaction_commit",
-    "latest_version",
     "plan_commit",
-    "read_commit_actions",
-    "read_commit_info",
 ]
 
 log = logging.getLogger("delta_merge")
@@ -356,57 +348,6 @@ def _engine_info() -> str:
         return MERGE_ENGINE
 
 
-def read_commit_info(
-    uri: str, version: int, *, storage_options: Mapping[str, str] | None = None
-) -> dict[str, Any]:
-    """The ``commitInfo`` of one version, read from its commit file (``{}`` if it has none).
-
-    :raises MergeAnalysisError: the commit file does not exist (never written, or cleaned up).
-    """
-    actions = _read_commit_or_none(uri, version, storage_options)
-    if actions is None:
-        raise MergeAnalysisError(
-            f"Target {uri} has no commit file for version {version} in _delta_log/: the version was never "
-            "committed or its log entry has been cleaned up. Check the version and the URI."
-        )
-    return next((dict(a["commitInfo"]) for a in actions if "commitInfo" in a), {})
-
-
-def find_app_transaction_commit(
-    uri: str, app_id: str, app_version: int, *, storage_options: Mapping[str, str] | None = None
-) -> tuple[int, dict[str, Any]] | None:
-    """The version and commitInfo of the commit whose ``txn`` action is ``(app_id, app_version)``.
-
-    Returns None when the table records no transaction of ``app_id`` at or above ``app_version``
-    (checked first, cheaply, with ``transaction_version``) or when no retained commit carries that
-    exact pair. Commits are scanned newest first and, as Delta's app versions only grow, the scan
-    stops at the first older transaction of ``app_id``.
-    """
-    options = dict(storage_options) if storage_options else None
-    try:
-        table = deltalake.DeltaTable(_normalized_uri(uri), storage_options=options)
-    except DeltaError as exc:
-        raise MergeAnalysisError(
-            f"Cannot read target {uri} to find app transaction {app_id}: {_first_line(exc)}"
-        ) from exc
-    recorded = table.transaction_version(app_id)
-    if recorded is None or recorded < app_version:
-        return None
-    store = log_store(table.table_uri, storage_options)
-    for version in range(table.version(), -1, -1):
-        actions = read_commit(store, version)
-        if actions is None:
-            return None
-        for txn in (a["txn"] for a in actions if "txn" in a):
-            if txn.get("appId") != app_id:
-                continue
-            if txn.get("version") == app_version:
-                return version, next((dict(a["commitInfo"]) for a in actions if "commitInfo" in a), {})
-            if isinstance(txn.get("version"), int) and txn["version"] < app_version:
-                return None
-    return None
-
-
 def _evolved_schema_json(snapshot: TargetSnapshot, new_schema: StructType | None) -> str | None:
     if new_schema is None:
         return None
@@ -416,32 +357,6 @@ def _evolved_schema_json(snapshot: TargetSnapshot, new_schema: StructType | None
     return None if normalized_schema_json(text) == normalized_schema_json(snapshot.schema_json) else text
 
 
-def read_commit_actions(
-    uri: str, version: int, *, storage_options: Mapping[str, str] | None = None
-) -> list[dict[str, Any]] | None:
-    """The actions of one commit file, or None when it does not exist."""
-    return _read_commit_or_none(uri, version, storage_options)
-
-
-def latest_version(uri: str, *, known: int, storage_options: Mapping[str, str] | None = None) -> int:
-    """The latest committed version, at least ``known`` (which must exist)."""
-    return _probe_latest(log_store(_normalized_uri(uri), storage_options), known)
-
-
 def _first_line(exc: Exception) -> str:
     # delta-rs appends a Rust backtrace to some messages; the first line carries the cause.
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-
-
-def _read_commit_or_none(
-    uri: str, version: int, storage_options: Mapping[str, str] | None
-) -> list[dict[str, Any]] | None:
-    try:
-        store = log_store(_normalized_uri(uri), storage_options)
-    except FileNotFoundError:
-        return None
-    return read_commit(store, version)
-
-
-def _normalized_uri(uri: str) -> str:
-    return os.path.abspath(uri) if not urlsplit(uri).scheme else uri

@@ -32,9 +32,11 @@ __all__ = [
     "MergeMetrics",
     "MergeSpec",
     "MergeSpecError",
+    "app_transaction_version",
     "failed_expectations",
     "failure_line",
     "find_app_transaction_commit",
+    "first_merge_commit_after",
     "is_deterministic",
     "metrics_line",
     "parse_failure_line",
@@ -115,7 +117,7 @@ def find_app_transaction_commit(
 
     :raises MergeJobError: the table cannot be read.
     """
-    from spark_jobs.delta_merge.commit import find_app_transaction_commit as find
+    from spark_jobs.delta_merge.delta_log import find_app_transaction_commit as find
 
     return find(uri, app_id, app_version, storage_options=storage_options)
 
@@ -125,9 +127,35 @@ def read_commit_actions(
 ) -> list[dict[str, Any]] | None:
     """The actions of one commit file of the table, or None when it does not exist (imports obstore when
     called): the job's own log reader, so both sides read commits alike."""
-    from spark_jobs.delta_merge.commit import read_commit_actions as read
+    from spark_jobs.delta_merge.delta_log import read_commit_actions as read
 
     return read(uri, version, storage_options=storage_options)
+
+
+def app_transaction_version(
+    uri: str, app_id: str, *, storage_options: Mapping[str, str] | None = None
+) -> int | None:
+    """The highest version of app transaction ``app_id`` the table records, or None (imports deltalake
+    when called).
+
+    :raises MergeJobError: the table cannot be read.
+    """
+    from spark_jobs.delta_merge.delta_log import app_transaction_version as recorded
+
+    return recorded(uri, app_id, storage_options=storage_options)
+
+
+def first_merge_commit_after(
+    uri: str, after_version: int, *, storage_options: Mapping[str, str] | None = None
+) -> tuple[int, dict[str, Any], str | None, int | None] | None:
+    """(version, commitInfo, app id, app version) of the oldest merge commit of this job above
+    ``after_version``, or None (imports deltalake when called).
+
+    :raises MergeJobError: the table cannot be read.
+    """
+    from spark_jobs.delta_merge.delta_log import first_merge_commit_after as first
+
+    return first(uri, after_version, storage_options=storage_options)
 
 
 def __getattr__(name: str) -> Any:

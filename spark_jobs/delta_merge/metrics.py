@@ -81,14 +81,26 @@ class MergeMetrics:
         """Plain dict for XCom, the JSON line and tests."""
         return asdict(self)
 
-    def operation_metrics(self) -> dict[str, str]:
-        """The numbers as Delta stores them in ``commitInfo.operationMetrics``: strings."""
+    def operation_metrics(self) -> dict[str, int]:
+        """The counts and times Delta records in ``commitInfo.operationMetrics`` (the commit writes them
+        as Delta's strings)."""
         skip = {"materializeSourceReason", "readVersion", "tableVersion", "skipped", "dryRun"}
-        return {f.name: str(getattr(self, f.name)) for f in fields(self) if f.name not in skip}
+        return {f.name: int(getattr(self, f.name)) for f in fields(self) if f.name not in skip}
 
     def with_values(self, **values: Any) -> MergeMetrics:
         """A copy with some values replaced."""
         return replace(self, **values)
+
+    @classmethod
+    def from_commit(cls, version: int, commit_info: Mapping[str, Any]) -> MergeMetrics:
+        """The metrics a merge recorded in the commitInfo of ``version`` (operationMetrics as strings)."""
+        recorded: dict[str, Any] = dict(commit_info.get("operationMetrics") or {})
+        # Not an operation metric in Delta: the job records it at the top level of commitInfo.
+        reason = recorded.get("materializeSourceReason", commit_info.get("materializeSourceReason"))
+        recorded["materializeSourceReason"] = "" if reason is None else str(reason)
+        recorded["readVersion"] = commit_info.get("readVersion", -1)
+        recorded["tableVersion"] = version
+        return cls.from_mapping(recorded)
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> MergeMetrics:

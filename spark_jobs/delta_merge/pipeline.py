@@ -20,7 +20,7 @@ from spark_jobs.delta_merge.errors import MergeExecutionError
 from spark_jobs.delta_merge.executor import MergeOutcome, execute_merge
 from spark_jobs.delta_merge.expectations import check_expectations
 from spark_jobs.delta_merge.files import LiveFile
-from spark_jobs.delta_merge.idempotency import applied_metrics, metrics_of_commit
+from spark_jobs.delta_merge.idempotency import applied_metrics
 from spark_jobs.delta_merge.metrics import MergeMetrics
 from spark_jobs.delta_merge.snapshot import TargetSnapshot, load_snapshot
 from spark_jobs.delta_merge.source import (
@@ -206,7 +206,7 @@ def _commit(
         change_files=outcome.change_files,
         new_schema=plan.final_schema if plan.schema_changed else None,
         operation_parameters=_operation_parameters(plan),
-        operation_metrics={k: int(v) for k, v in metrics.operation_metrics().items()},
+        operation_metrics=metrics.operation_metrics(),
         app_transaction=_app_transaction(spec),
         commit_metadata={
             "materializeSourceReason": metrics.materializeSourceReason, **spec.run.commit_metadata
@@ -234,7 +234,7 @@ def _commit(
     )
     if landed.already_applied:
         log.info("MERGE not applied again: version %d already applied this app transaction", landed.version)
-        return metrics_of_commit(landed.version, landed.commit_info)
+        return MergeMetrics.from_commit(landed.version, landed.commit_info).with_values(skipped=True)
     log.info("MERGE committed version %d", landed.version)
     return metrics.with_values(tableVersion=landed.version)
 

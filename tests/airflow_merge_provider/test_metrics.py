@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from airflow_merge_provider.metrics import format_metrics_table, format_summary, from_commit_info, to_xcom
-from spark_jobs.delta_merge.metrics import DELTA_METRIC_NAMES
+from airflow_merge_provider.metrics import format_metrics_table, format_summary, to_xcom
+from spark_jobs.delta_merge.metrics import DELTA_METRIC_NAMES, MergeMetrics
 
 
 def test_commit_metrics_become_ints_with_versions() -> None:
@@ -12,7 +12,7 @@ def test_commit_metrics_become_ints_with_versions() -> None:
         "readVersion": 6,
         "materializeSourceReason": "MATERIALIZE_ALL",
     }
-    metrics = to_xcom(from_commit_info(7, info), app_id="a", app_version=2, skipped=True)
+    metrics = to_xcom(MergeMetrics.from_commit(7, info).to_dict(), app_id="a", app_version=2, skipped=True)
     assert (metrics["numSourceRows"], metrics["numTargetRowsInserted"], metrics["numTargetRowsDeleted"]) == (
         12,
         4,

@@ -16,14 +16,8 @@ import pytest
 from deltalake import DeltaTable, QueryBuilder, write_deltalake
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from spark_jobs.delta_merge.commit import (
-    MERGE_ENGINE,
-    attempt_commit,
-    commit_merge,
-    find_app_transaction_commit,
-    plan_commit,
-    read_commit_info,
-)
+from spark_jobs.delta_merge.commit import MERGE_ENGINE, attempt_commit, commit_merge, plan_commit
+from spark_jobs.delta_merge.delta_log import find_app_transaction_commit, read_commit_info
 from spark_jobs.delta_merge.errors import (
     ConcurrentModificationError,
     MergeAnalysisError,
@@ -257,7 +251,8 @@ def test_process_exits_cleanly_after_snapshot_and_commit(tmp_path: Path) -> None
     # deltalake's pyarrow-dataset path can abort at exit (rc 134); the paths used here must not.
     _table(tmp_path)
     script = textwrap.dedent(f"""
-        from spark_jobs.delta_merge.commit import commit_merge, read_commit_info
+        from spark_jobs.delta_merge.commit import commit_merge
+        from spark_jobs.delta_merge.delta_log import read_commit_info
         from spark_jobs.delta_merge.snapshot import load_snapshot
         s = load_snapshot({str(tmp_path)!r})
         v = commit_merge(s, removes=[s.files[0]], adds=[], new_schema=None, operation_parameters={{}},

@@ -26,7 +26,7 @@ from deltalake import CommitProperties, DeltaTable, TableFeatures, Transaction, 
 from deltalake.schema import Field, PrimitiveType
 
 from spark_jobs.delta_merge import pipeline, run_merge
-from spark_jobs.delta_merge.commit import read_commit_info
+from spark_jobs.delta_merge.delta_log import read_commit_info
 from spark_jobs.delta_merge.errors import ConcurrentModificationError
 from tests.delta_reader import read_rows, table_version
 from tests.spark_jobs.submit_harness import PYTHON, Submitted, kill_all, submit_env
