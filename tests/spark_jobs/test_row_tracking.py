@@ -22,6 +22,7 @@ from spark_jobs.delta_merge.commit import commit_actions, plan_commit
 from spark_jobs.delta_merge.files import WrittenFile
 from spark_jobs.delta_merge.snapshot import load_snapshot
 from tests.delta_reader import read_rows, read_rows_with_kernel
+from tests.spark_jobs.deletion_vector_fixture import add_deletion_vectors
 from tests.spark_jobs.table_feature_fixtures import (
     ROW_COMMIT_VERSION_COLUMN,
     ROW_ID_COLUMN,
@@ -211,3 +212,38 @@ def test_ids_are_assigned_for_the_version_the_commit_lands_on(
     assert actions[-1]["add"]["defaultRowCommitVersion"] == 4
     (domain,) = [a["domainMetadata"] for a in actions if "domainMetadata" in a]
     assert json.loads(domain["configuration"]) == {"rowIdHighWaterMark": mark + 2}
+
+
+def test_rows_of_a_file_with_a_deletion_vector_keep_their_physical_ids(spark: Any, tmp_path: Path) -> None:
+    # Row 1 (id 2) of the first file is deleted: id 3, at index 2, must keep baseRowId + 2, not + 1.
+    table = make_target(tmp_path / "t", kv([(1, "a"), (2, "b"), (3, "c")]), kv([(4, "d")]))
+    files = live_files(table)
+    first = min(files, key=lambda p: json.loads(files[p]["stats"])["minValues"]["id"])
+    add_deletion_vectors(table, {first: ([1], "i")})
+    enable_features(table, row_tracking=True)
+    assert rows(table) == [(1, "a"), (3, "c"), (4, "d")]
+    before = {k: v for k, v in stable_ids(table).items() if k != 2}
+    assert before[3][0] == live_files(table)[first]["baseRowId"] + 2
+    mark = high_water_mark(table)
+    metrics = merge(spark, table, source(tmp_path / "s", kv([(3, "C"), (5, "e")])), UPSERT)
+    version = metrics["tableVersion"]
+    assert rows(table) == [(1, "a"), (3, "C"), (4, "d"), (5, "e")]
+    check_row_ids(table, before, mark, version, kept={1, 4}, updated={3}, inserted={5})
+    (remove,) = [a["remove"] for a in check_actions(table, version, mark=mark) if "remove" in a]
+    assert "deletionVector" in remove
+
+
+def test_partitioned_table_keeps_ids_across_partitions(spark: Any, tmp_path: Path) -> None:
+    table = make_target(tmp_path / "t", kv([(1, "a"), (2, "b"), (3, "a"), (4, "b")]), partition_by=["v"])
+    enable_features(table, row_tracking=True)
+    before, mark = stable_ids(table), high_water_mark(table)
+    sql = (
+        "MERGE INTO t USING s ON t.id = s.id WHEN MATCHED THEN UPDATE SET id = s.id * 10 "
+        "WHEN NOT MATCHED THEN INSERT *"
+    )
+    metrics = merge(spark, table, source(tmp_path / "s", kv([(1, "x"), (5, "b")])), sql)
+    version = metrics["tableVersion"]
+    assert rows(table) == [(2, "b"), (3, "a"), (4, "b"), (5, "b"), (10, "a")]
+    before[10] = before.pop(1)  # the updated row's key changed with it
+    check_row_ids(table, before, mark, version, kept={2, 3, 4}, updated={10}, inserted={5})
+    check_actions(table, version, mark=mark)
