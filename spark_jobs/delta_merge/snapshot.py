@@ -14,6 +14,7 @@ from urllib.parse import unquote, urlsplit
 import deltalake
 import pyarrow as pa
 from deltalake.exceptions import DeltaError, TableNotFoundError
+from deltalake.table import ProtocolVersions
 from pyspark.sql.types import StructType
 
 from spark_jobs.delta_merge.delta_log import LogState, replay_log
@@ -217,7 +218,7 @@ def _first_line(exc: Exception) -> str:
 
 
 def _log_state(
-    table: deltalake.DeltaTable, protocol: Any, options: dict[str, str] | None
+    table: deltalake.DeltaTable, protocol: ProtocolVersions, options: dict[str, str] | None
 ) -> LogState:
     # get_add_actions() exposes neither deletion vectors nor row tracking fields, and nothing exposes
     # domain metadata or in-commit timestamps: replay the log for them, only for tables with features.

@@ -197,6 +197,11 @@ def _row_tracking_problems(
     snapshot: TargetSnapshot, config: Mapping[str, str], *, removes_files: bool
 ) -> Iterator[tuple[str, str]]:
     tracking = row_tracking(snapshot)
+    if tracking is not None and "domainMetadata" not in snapshot.protocol.writer_features:
+        yield "rowTracking", (
+            "rowTracking without domainMetadata in the protocol's writerFeatures: the row id high-water "
+            "mark is a domainMetadata action, which this table does not allow. The protocol is invalid."
+        )
     if tracking is None or config.get("delta.enablerowtracking", "false").lower() != "true":
         return
     if not tracking.preserves:

@@ -60,6 +60,7 @@ def enable_features(
     clustering_columns: Sequence[str] = (),
     in_commit_timestamp: int | None = None,
     configuration: Mapping[str, str] | None = None,
+    flat_clustering_columns: bool = False,
 ) -> int:
     """Commit the next version turning the chosen features on; returns that version.
 
@@ -67,6 +68,8 @@ def enable_features(
         the feature is only supported: ids are assigned but not preserved).
     :param in_commit_timestamp: the enabling commit's in-commit timestamp (default: now).
     :param configuration: more table properties to set.
+    :param flat_clustering_columns: write ``clusteringColumns`` as names, as PROTOCOL.md's example does,
+        not as lists of name parts, as Delta writes them.
     """
     version, adds, metadata, protocol, _ = replay(table)
     new_version = version + 1
@@ -87,7 +90,10 @@ def enable_features(
         features.add("clustering")
         actions.append({"domainMetadata": {
             "domain": "delta.clustering",
-            "configuration": json.dumps({"clusteringColumns": [[c] for c in clustering_columns]}),
+            "configuration": json.dumps({
+                "clusteringColumns": list(clustering_columns) if flat_clustering_columns
+                else [[c] for c in clustering_columns],
+            }),
             "removed": False,
         }})  # fmt: skip
     if row_tracking:

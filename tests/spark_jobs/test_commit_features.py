@@ -7,6 +7,7 @@ deltalake and DuckDB's Delta extension (delta-kernel), which must agree.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from pathlib import Path
@@ -142,3 +143,21 @@ def test_all_three_features_through_a_checkpoint(spark: Any, tmp_path: Path) -> 
     assert set(snapshot.domains) == {"delta.rowTracking", "delta.clustering"}
     assert all(f.base_row_id is not None and f.default_row_commit_version is not None for f in snapshot.files)
     assert sorted_rows(table) == [(1, "A"), (2, "B"), (3, "c"), (4, "d"), (5, "e")]
+
+
+def test_a_checkpoint_deltalake_refuses_leaves_the_commit_standing(
+    spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # deltalake 1.6.6 reads clusteringColumns only as lists of name parts: with PROTOCOL.md's flat names
+    # it reads the table but cannot checkpoint it. The merge's commit stands; the checkpoint is skipped.
+    table = make_target(tmp_path / "t", kv([(1, "a")]), kv([(2, "b")]))
+    enable_features(
+        table, clustering_columns=["id"], flat_clustering_columns=True,
+        configuration={"delta.checkpointInterval": "3"},
+    )  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="delta_merge"):
+        version = merge(spark, table, source(tmp_path / "s", kv([(2, "B")])), UPSERT)["tableVersion"]
+    assert version == 3
+    assert any("checkpoint of" in r.getMessage() and "failed" in r.getMessage() for r in caplog.records)
+    assert not list((table / "_delta_log").glob("*.checkpoint.parquet"))
+    assert sorted_rows(table) == [(1, "a"), (2, "B")]

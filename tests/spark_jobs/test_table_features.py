@@ -121,6 +121,7 @@ def test_files_with_deletion_vectors_are_rewritten_not_refused() -> None:
             {"protocol": _features("rowTracking"), "configuration": {"delta.enableRowTracking": "true"}},
             "names no materialized row id or row commit version column",
         ),
+        ({"protocol": _features("rowTracking")}, "rowTracking without domainMetadata"),
         ({"protocol": _features("someFutureFeature")}, "someFutureFeature: this job does not know its rules"),
         ({"protocol": TableProtocol(4, 8)}, "protocol version (reader 4, writer 8)"),
     ],
