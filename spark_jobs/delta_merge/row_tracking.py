@@ -60,7 +60,10 @@ class RowTracking:
 
     @property
     def materialized_columns(self) -> tuple[str, ...]:
-        return (self.row_id_column, self.commit_version_column) if self.preserves else ()  # type: ignore[return-value]
+        """The hidden columns rewritten rows carry their stable ids in; none unless preserving."""
+        if self.row_id_column is None or self.commit_version_column is None:
+            return ()
+        return self.row_id_column, self.commit_version_column
 
 
 def row_tracking(snapshot: TargetSnapshot) -> RowTracking | None:

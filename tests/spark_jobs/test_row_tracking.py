@@ -17,10 +17,13 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
+from pyspark.sql.types import StructType
 
 from spark_jobs.delta_merge.commit import commit_actions, plan_commit
 from spark_jobs.delta_merge.files import WrittenFile
-from spark_jobs.delta_merge.snapshot import load_snapshot
+from spark_jobs.delta_merge.row_tracking import RowTracking, assign_row_ids, row_tracking
+from spark_jobs.delta_merge.row_tracking import high_water_mark as high_water_mark_of
+from spark_jobs.delta_merge.snapshot import TableProtocol, TargetSnapshot, load_snapshot
 from tests.delta_reader import read_rows, read_rows_with_kernel
 from tests.spark_jobs.deletion_vector_fixture import add_deletion_vectors
 from tests.spark_jobs.table_feature_fixtures import (
@@ -247,3 +250,44 @@ def test_partitioned_table_keeps_ids_across_partitions(spark: Any, tmp_path: Pat
     before[10] = before.pop(1)  # the updated row's key changed with it
     check_row_ids(table, before, mark, version, kept={2, 3, 4}, updated={10}, inserted={5})
     check_actions(table, version, mark=mark)
+
+
+def _written(records: int) -> WrittenFile:
+    return WrittenFile(path=f"f{records}", size=1, partition_values={}, stats_json="{}", num_records=records,
+                       modification_time=0)  # fmt: skip
+
+
+def test_assign_row_ids_gives_disjoint_ranges_above_the_mark() -> None:
+    fields, domain = assign_row_ids([_written(3), _written(0), _written(2)], high_water_mark=10, version=7)
+    assert [f["baseRowId"] for f in fields] == [11, 14, 14]
+    assert {f["defaultRowCommitVersion"] for f in fields} == {7}
+    assert domain == {
+        "domain": "delta.rowTracking", "configuration": '{"rowIdHighWaterMark":15}', "removed": False
+    }
+    no_rows = assign_row_ids([_written(0)], high_water_mark=-1, version=1)
+    assert no_rows == ([{"baseRowId": 0, "defaultRowCommitVersion": 1}], None)
+
+
+@pytest.mark.parametrize(
+    ("features", "configuration", "expected"),
+    [
+        ({"domainMetadata"}, {"delta.enableRowTracking": "true"}, None),
+        ({"rowTracking", "domainMetadata"}, {"delta.rowTrackingSuspended": "true"}, None),
+        ({"rowTracking", "domainMetadata"}, {}, RowTracking()),
+        (
+            {"rowTracking", "domainMetadata"},
+            {"delta.enableRowTracking": "TRUE", ROW_ID_COLUMN: "_id", ROW_COMMIT_VERSION_COLUMN: "_version"},
+            RowTracking(row_id_column="_id", commit_version_column="_version"),
+        ),
+    ],
+)
+def test_row_tracking_is_assigned_when_supported_and_preserved_when_enabled(
+    features: set[str], configuration: dict[str, str], expected: RowTracking | None
+) -> None:
+    snapshot = TargetSnapshot(
+        table_uri="file:///t", version=1, schema=StructType(), schema_json='{"type":"struct","fields":[]}',
+        partition_columns=(), configuration=configuration, metadata_id="m", files=(),
+        protocol=TableProtocol(1, 7, writer_features=frozenset(features)),
+    )  # fmt: skip
+    assert row_tracking(snapshot) == expected
+    assert high_water_mark_of({}) == -1
