@@ -28,6 +28,7 @@ from spark_jobs.delta_merge.errors import (
 )
 from spark_jobs.delta_merge.files import LiveFile, WrittenFile
 from spark_jobs.delta_merge.log_store import log_store, write_commit
+from spark_jobs.delta_merge.row_tracking import assign_row_ids, high_water_mark, row_tracking
 
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
@@ -82,6 +83,12 @@ class CommitPlan:
     :param change_files: change data files (change data feed), committed as ``cdc`` actions.
     :param configuration_updates: table properties the merge sets (column mapping's maxColumnId, ...);
         committed, like a schema change, as a ``metaData`` action in the same version as the data.
+    :param assigns_row_ids: row tracking is supported: adds get ``baseRowId`` above the high-water mark
+        and ``defaultRowCommitVersion``, and the mark moves, at the version the commit lands on.
+    :param read_domains: the live domain metadata at ``read_version`` (the high-water mark's base).
+    :param in_commit_timestamps: ``delta.enableInCommitTimestamps``: commitInfo carries a monotonic
+        ``inCommitTimestamp``.
+    :param read_in_commit_timestamp: the in-commit timestamp of ``read_version``.
     """
 
     table_uri: str
@@ -97,6 +104,10 @@ class CommitPlan:
     checkpoint_interval: int = _DEFAULT_CHECKPOINT_INTERVAL
     change_files: tuple[WrittenFile, ...] = ()
     configuration_updates: Mapping[str, str] = field(default_factory=dict)
+    assigns_row_ids: bool = False
+    read_domains: Mapping[str, str] = field(default_factory=dict)
+    in_commit_timestamps: bool = False
+    read_in_commit_timestamp: int | None = None
 
     @property
     def changes_metadata(self) -> bool:
@@ -178,6 +189,12 @@ def plan_commit(
     final_schema = new_schema if new_schema is not None else snapshot.schema
     check_commit_files(snapshot, removes, adds, schema=final_schema)
     token = str(uuid.uuid4())
+    tracking = row_tracking(snapshot)
+    if tracking is not None and tracking.preserves:
+        # PROTOCOL.md: set when every updated or copied row kept its stable row id (and copies their
+        # commit versions), which this job's merges always do.
+        tags = {**commit_metadata.get("tags", {}), "delta.rowTracking.preserved": "true"}
+        commit_metadata = {**commit_metadata, "tags": tags}
     commit_info: dict[str, Any] = {
         **commit_metadata,
         "operation": "MERGE",
@@ -209,7 +226,16 @@ def plan_commit(
         checkpoint_interval=_checkpoint_interval(snapshot.configuration),
         change_files=tuple(change_files),
         configuration_updates=_configuration_updates(snapshot, configuration_updates or {}),
+        assigns_row_ids=tracking is not None,
+        read_domains=dict(snapshot.domains),
+        in_commit_timestamps=_in_commit_timestamps(snapshot),
+        read_in_commit_timestamp=snapshot.in_commit_timestamp,
     )
+
+
+def _in_commit_timestamps(snapshot: TargetSnapshot) -> bool:
+    enabled = snapshot.configuration.get("delta.enableInCommitTimestamps", "false").lower() == "true"
+    return enabled and "inCommitTimestamp" in snapshot.protocol.writer_features
 
 
 def _configuration_updates(snapshot: TargetSnapshot, updates: Mapping[str, str]) -> dict[str, str]:
@@ -253,8 +279,15 @@ def attempt_commit(
 def commit_actions(
     plan: CommitPlan, *, base_version: int, storage_options: Mapping[str, str] | None = None
 ) -> list[dict[str, Any]]:
-    """The actions of the merge's commit, in the order Delta writes them."""
-    commit_info = {"timestamp": int(time.time() * 1000), **plan.commit_info}
+    """The actions of the merge's commit, in the order Delta writes them, for landing on ``base_version``
+    + 1: row ids, the high-water mark and the in-commit timestamp follow from that version's base."""
+    now = int(time.time() * 1000)
+    domains, previous_timestamp = _base_state(plan, base_version, storage_options)
+    commit_info: dict[str, Any] = {"timestamp": now, **plan.commit_info}
+    if plan.in_commit_timestamps:
+        # PROTOCOL.md "In-Commit Timestamps": strictly greater than the previous commit's.
+        timestamp = now if previous_timestamp is None else max(now, previous_timestamp + 1)
+        commit_info = {"inCommitTimestamp": timestamp, **commit_info, "timestamp": timestamp}
     actions: list[dict[str, Any]] = [{"commitInfo": commit_info}]
     if plan.changes_metadata:
         actions.append({"metaData": _metadata_action(plan, base_version, storage_options)})
@@ -265,20 +298,31 @@ def commit_actions(
             {"txn": {"appId": app_id, "version": app_version, "lastUpdated": plan.deletion_timestamp}}
         )
     # A file with a deletion vector is identified by path and vector: its remove carries the descriptor.
+    # Row tracking: a remove repeats its add's baseRowId and defaultRowCommitVersion.
     actions += [
         {"remove": {
             "path": f.path, "deletionTimestamp": plan.deletion_timestamp, "dataChange": True,
             "extendedFileMetadata": True, "partitionValues": dict(f.partition_values), "size": f.size,
             **({"deletionVector": f.deletion_vector.to_action()} if f.deletion_vector else {}),
+            **({"baseRowId": f.base_row_id} if f.base_row_id is not None else {}),
+            **({"defaultRowCommitVersion": f.default_row_commit_version}
+               if f.default_row_commit_version is not None else {}),
         }}
         for f in plan.removes
     ]  # fmt: skip
+    row_ids: list[dict[str, int]] = [{} for _ in plan.adds]
+    if plan.assigns_row_ids:
+        row_ids, mark = assign_row_ids(
+            plan.adds, high_water_mark=high_water_mark(domains), version=base_version + 1
+        )
+        if mark is not None:
+            actions.append({"domainMetadata": mark})
     actions += [
         {"add": {
             "path": f.path, "partitionValues": dict(f.partition_values), "size": f.size,
-            "modificationTime": f.modification_time, "dataChange": True, "stats": f.stats_json,
+            "modificationTime": f.modification_time, "dataChange": True, "stats": f.stats_json, **ids,
         }}
-        for f in plan.adds
+        for f, ids in zip(plan.adds, row_ids, strict=True)
     ]  # fmt: skip
     # PROTOCOL.md "Add CDC File": change data only, never data of the table, so dataChange is false.
     actions += [
@@ -288,6 +332,26 @@ def commit_actions(
         for f in plan.change_files
     ]  # fmt: skip
     return actions
+
+
+def _base_state(
+    plan: CommitPlan, base_version: int, storage_options: Mapping[str, str] | None
+) -> tuple[Mapping[str, str], int | None]:
+    """The live domains and the in-commit timestamp at ``base_version`` (read again from the log only
+    when the commit lands on a later version than the merge read, and only when needed)."""
+    if base_version == plan.read_version or not (plan.assigns_row_ids or plan.in_commit_timestamps):
+        return plan.read_domains, plan.read_in_commit_timestamp
+    # Imported here: delta_log reads checkpoints with pyarrow, which the Airflow side does not need.
+    from spark_jobs.delta_merge.delta_log import replay_log
+
+    try:
+        state = replay_log(log_store(plan.table_uri, storage_options), base_version)
+    except (OSError, StoreError, ValueError, KeyError) as exc:
+        raise MergeExecutionError(
+            f"Cannot read the row id high-water mark and in-commit timestamp of {plan.table_uri} at "
+            f"version {base_version} to commit on it: {_first_line(exc)}"
+        ) from exc
+    return state.domains, state.in_commit_timestamp
 
 
 def _metadata_action(

@@ -6,6 +6,7 @@ table's schema (after evolution, partition columns left out) and statistics coun
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -20,6 +21,7 @@ from pyspark.sql.types import StructType
 
 from spark_jobs.delta_merge.errors import MergeExecutionError
 from spark_jobs.delta_merge.files import LiveFile, WrittenFile
+from spark_jobs.delta_merge.row_tracking import row_tracking
 from spark_jobs.delta_merge.snapshot import TargetSnapshot
 from spark_jobs.delta_merge.write import arrow_schema
 
@@ -45,7 +47,10 @@ def check_commit_files(
     placed = [f for f in adds if f.path not in misplaced]
     if placed:
         expected = pa.schema([f for f in arrow_schema(schema) if f.name not in snapshot.partition_columns])
-        problems += _file_problems(snapshot.table_uri, placed, expected)
+        # Row tracking's materialized columns are in the files but not in the schema.
+        tracking = row_tracking(snapshot)
+        hidden = frozenset(tracking.materialized_columns if tracking is not None else ())
+        problems += _file_problems(snapshot.table_uri, placed, expected, hidden)
     if problems:
         shown = problems[:10] + ([f"and {len(problems) - 10} more problems"] if len(problems) > 10 else [])
         raise MergeExecutionError(
@@ -84,7 +89,9 @@ def _path_problem(path: str) -> str | None:
     return None
 
 
-def _file_problems(table_uri: str, adds: Sequence[WrittenFile], expected: pa.Schema) -> list[str]:
+def _file_problems(
+    table_uri: str, adds: Sequence[WrittenFile], expected: pa.Schema, hidden: frozenset[str] = frozenset()
+) -> list[str]:
     # The same file system and base path the write tasks used (write_task._TaskWriter).
     if "://" in table_uri or table_uri.startswith("file:"):
         fs, base = pafs.FileSystem.from_uri(table_uri.rstrip("/"))
@@ -105,12 +112,15 @@ def _file_problems(table_uri: str, adds: Sequence[WrittenFile], expected: pa.Sch
             readable.append((written, full))
     workers = max(1, min(_FOOTER_THREADS, len(readable)))
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        for found in pool.map(lambda item: _footer_problems(fs, item[0], item[1], expected), readable):
+        check = functools.partial(_footer_problems, fs, expected=expected, hidden=hidden)
+        for found in pool.map(lambda item: check(item[0], item[1]), readable):
             problems += found
     return problems
 
 
-def _footer_problems(fs: pafs.FileSystem, written: WrittenFile, full: str, expected: pa.Schema) -> list[str]:
+def _footer_problems(
+    fs: pafs.FileSystem, written: WrittenFile, full: str, *, expected: pa.Schema, hidden: frozenset[str]
+) -> list[str]:
     try:
         with fs.open_input_file(full) as handle:
             parquet = pq.ParquetFile(handle)
@@ -118,6 +128,8 @@ def _footer_problems(fs: pafs.FileSystem, written: WrittenFile, full: str, expec
     except (OSError, pa.ArrowException) as exc:
         return [f"adds {written.path!r}, which is not a readable Parquet file ({exc})"]
     problems = []
+    if hidden:
+        actual = pa.schema([f for f in actual if f.name not in hidden or f.type != pa.int64()])
     if difference := _schema_difference(actual, expected):
         problems.append(f"adds {written.path!r}, whose Parquet schema is not the table's: {difference}")
     stated = _num_records(written.stats_json)

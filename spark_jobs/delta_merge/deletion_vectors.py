@@ -1,43 +1,35 @@
-"""Deletion vectors of live files: their descriptors from the log and the row indexes they delete.
+"""Deletion vectors of live files: their descriptors and the row indexes they delete.
 
 PROTOCOL.md "Deletion Vectors". The 32-bit roaring bitmaps are pyroaring's (portable format); written by
 hand here are Z85 decoding (``base64`` has none; PyPI's ``z85`` 0.0.2 and ``z85-codec`` 0.1.0 are
 single early releases, not worth a dependency for ten lines), the
-RoaringBitmapArray framing (magic, count, key + bitmap pairs), the DV file framing (size, data, CRC32)
-and the replay of the log for descriptors, which deltalake 1.6 does not expose.
+RoaringBitmapArray framing (magic, count, key + bitmap pairs) and the DV file framing (size, data, CRC32).
+deltalake 1.6 does not expose the descriptors: ``delta_log`` replays the log for them.
 """
 
 from __future__ import annotations
 
-import io
-import json
-import re
 import struct
 import uuid
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
 import obstore
-import pyarrow as pa
-import pyarrow.parquet as pq
 from obstore.store import ObjectStore
 from pyroaring import BitMap
 
 from spark_jobs.delta_merge.errors import MergeExecutionError
-from spark_jobs.delta_merge.log_store import commit_path, log_store
+from spark_jobs.delta_merge.log_store import log_store
 
-__all__ = ["DeletionVector", "deleted_rows", "log_deletion_vectors"]
+__all__ = ["DeletionVector", "deleted_rows", "z85_decode"]
 
 _Z85 = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
 _Z85_VALUE = {c: i for i, c in enumerate(_Z85)}
 _MAGIC = 1681511377
 _UUID_CHARS = 20  # a 16-byte UUID in Z85
-_CHECKPOINT = re.compile(
-    r"^(\d{20})\.checkpoint(?:\.(\d{10})\.(\d{10}))?(?:\.[0-9a-fA-F-]{36})?\.(parquet|json)$"
-)
 
 
 @dataclass(frozen=True)
@@ -72,22 +64,6 @@ class DeletionVector:
             size_in_bytes=int(action["sizeInBytes"]), cardinality=int(action["cardinality"]),
             offset=None if offset is None else int(offset),
         )  # fmt: skip
-
-
-def log_deletion_vectors(store: ObjectStore, version: int) -> dict[str, DeletionVector]:
-    """``add.path`` -> descriptor for every live file with a deletion vector at ``version``.
-
-    Replays the newest complete checkpoint at or before ``version`` (classic, multi-part or V2 with
-    sidecars) and the JSON commits after it.
-    """
-    start, live = _checkpoint_files(store, version)
-    for v in range(start + 1, version + 1):
-        for action in _json_lines(_get(store, commit_path(v))):
-            if "remove" in action:
-                live.pop(action["remove"]["path"], None)
-            elif "add" in action:
-                live[action["add"]["path"]] = action["add"].get("deletionVector")
-    return {path: DeletionVector.from_action(dv) for path, dv in live.items() if dv}
 
 
 def deleted_rows(store: ObjectStore, table_uri: str, vector: DeletionVector) -> list[int]:
@@ -166,50 +142,3 @@ def _bitmap_array(data: bytes, vector: DeletionVector) -> list[int]:
     if pos != len(data):
         raise MergeExecutionError(f"Deletion vector {vector.unique_id} has {len(data) - pos} bytes too many.")
     return rows
-
-
-def _checkpoint_files(store: ObjectStore, version: int) -> tuple[int, dict[str, Any]]:
-    """(checkpoint version, path -> deletionVector of its adds), or (-1, {}) without a checkpoint."""
-    found: dict[int, dict[tuple[int, str], list[str]]] = {}
-    for batch in obstore.list(store, prefix="_delta_log/"):
-        for meta in batch:
-            name = meta["path"].rsplit("/", 1)[-1]
-            match = _CHECKPOINT.match(name)
-            if match and int(match.group(1)) <= version:
-                parts = int(match.group(3) or 1)
-                group = (parts, "" if parts > 1 else name)  # the parts of one multi-part checkpoint
-                found.setdefault(int(match.group(1)), {}).setdefault(group, []).append(meta["path"])
-    for v in sorted(found, reverse=True):
-        for (parts, _), paths in found[v].items():
-            if len(paths) == parts:
-                live: dict[str, Any] = {}
-                for path in sorted(paths):
-                    for add in _checkpoint_adds(store, path):
-                        live[add["path"]] = add.get("deletionVector")
-                return v, live
-    return -1, {}
-
-
-def _checkpoint_adds(store: ObjectStore, path: str) -> Iterator[Mapping[str, Any]]:
-    raw = _get(store, path)
-    if path.endswith(".json"):
-        actions = list(_json_lines(raw))
-    else:
-        table = pq.read_table(pa.BufferReader(raw))
-        names = [n for n in ("add", "sidecar") if n in table.column_names]
-        actions = [{k: v for k, v in row.items() if v} for row in table.select(names).to_pylist()]
-    for action in actions:
-        if action.get("add"):
-            yield action["add"]
-        elif action.get("sidecar"):
-            yield from _checkpoint_adds(store, f"_delta_log/_sidecars/{action['sidecar']['path']}")
-
-
-def _get(store: ObjectStore, path: str) -> bytes:
-    return bytes(obstore.get(store, path).bytes())
-
-
-def _json_lines(raw: bytes) -> Iterator[dict[str, Any]]:
-    for line in io.StringIO(raw.decode("utf-8")):
-        if line.strip():
-            yield json.loads(line)

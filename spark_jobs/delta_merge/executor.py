@@ -11,6 +11,7 @@ from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import LongType, StructField, StructType
 
 from spark_jobs.delta_merge.analysis import MergePlan
 from spark_jobs.delta_merge.data_skipping import partition_count, prune_files
@@ -29,6 +30,12 @@ from spark_jobs.delta_merge.rewrite import (
     insert_only_output,
 )
 from spark_jobs.delta_merge.row_counter import counted
+from spark_jobs.delta_merge.row_tracking import (
+    ROW_COMMIT_VERSION_COLUMN,
+    ROW_ID_COLUMN,
+    row_tracking,
+    with_materialized_columns,
+)
 from spark_jobs.delta_merge.snapshot import TargetSnapshot
 from spark_jobs.delta_merge.table_features import (
     TableConstraints,
@@ -92,8 +99,10 @@ def _count_rows(output: DataFrame) -> dict[int, int]:
 def _write(
     spark: SparkSession, output: DataFrame, *, snapshot: TargetSnapshot, plan: MergePlan,
     target_file_size: int, dry_run: bool, description: str, change_data: bool = False,
+    hidden: tuple[str, ...] = (),
 ) -> tuple[dict[int, int], tuple[WrittenFile, ...], tuple[WrittenFile, ...]]:
-    """Write the output; with ``change_data``, also its change rows (``output`` carries preimages)."""
+    """Write the output; with ``change_data``, also its change rows (``output`` carries preimages);
+    ``hidden`` columns (long) are written to the data files after the table's."""
     with _stage(spark, description):
         if dry_run:
             return _count_rows(output), (), ()
@@ -107,8 +116,9 @@ def _write(
         outcome = write_merge_output(
             output,
             table_root=snapshot.table_uri,
-            schema=plan.final_schema,
+            schema=StructType(plan.final_schema.fields + [StructField(c, LongType()) for c in hidden]),
             partition_columns=snapshot.partition_columns,
+            hidden_columns=hidden,
             action_column=ACTION_COLUMN,
             violation_column=VIOLATION_COLUMN,
             drop_codes=[int(a) for a in DROPPED_ACTIONS],
@@ -224,10 +234,17 @@ def _classic(
     # is deleted once; without it, the counts are compensated below.
     change_data = bool(removes) and change_data_feed_enabled(snapshot)
     deduplicate = change_data and touched.extra_matches > 0
+    # Row tracking enabled: updated and copied rows keep their stable row ids (and copies their versions).
+    tracking = row_tracking(snapshot)
+    hidden = tracking.materialized_columns if tracking is not None and removes else ()
     if removes:
-        output = classic_output(source, scan_files(spark, snapshot, removes), plan=plan,
+        target = scan_files(spark, snapshot, removes, row_tracking=tracking)
+        output = classic_output(source, target, plan=plan,
                                 copy_values=plan.copy_values, constraints=constraints,
-                                change_data=change_data, deduplicate_deletes=deduplicate)
+                                change_data=change_data, deduplicate_deletes=deduplicate,
+                                carried=(ROW_ID_COLUMN, ROW_COMMIT_VERSION_COLUMN) if hidden else ())
+        if tracking is not None and hidden:
+            output = with_materialized_columns(output, tracking, action_column=ACTION_COLUMN)
     elif plan.clauses_of("not_matched"):
         # Nothing matched: like Delta's writeInsertsOnlyWhenNoMatches, only the inserts are written.
         output = insert_only_output(source, None, plan=plan.only_inserts(), constraints=constraints)
@@ -240,6 +257,7 @@ def _classic(
         counts, adds, change_files = _write(
             spark, output, snapshot=snapshot, plan=plan, target_file_size=target_file_size, dry_run=dry_run,
             description=f"MERGE operation - Rewriting {len(removes)} files", change_data=change_data,
+            hidden=hidden,
         )
     if change_data and not dry_run and not change_files:
         # Every row of the touched files was copied. Delta commits no cdc action then, and readers take a

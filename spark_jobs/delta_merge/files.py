@@ -34,6 +34,8 @@ class LiveFile:
         (or an absolute URI for shallow-cloned tables).
     :param partition_values: serialized partition values as in the log (None for NULL).
     :param deletion_vector: the file's deletion vector descriptor (its rows are not all live), or None.
+    :param base_row_id: row tracking: the default row id of the file's first row (``add.baseRowId``).
+    :param default_row_commit_version: row tracking: ``add.defaultRowCommitVersion``.
     """
 
     path: str
@@ -42,6 +44,8 @@ class LiveFile:
     stats: FileStats | None
     modification_time: int
     deletion_vector: DeletionVector | None = None
+    base_row_id: int | None = None
+    default_row_commit_version: int | None = None
 
     @property
     def has_deletion_vector(self) -> bool:

@@ -95,10 +95,11 @@ def _first_clause(clauses: Sequence[tuple[int, ResolvedClause]], default: int) -
 
 def _outputs(
     df: DataFrame, plan: MergePlan, copy_values: Sequence[Column], constraints: TableConstraints,
-    *, preimage: bool = False,
+    *, preimage: bool = False, carried: Sequence[str] = (),
 ) -> DataFrame:
     """The final columns, the action code and the constraint verdict, from a frame with the clause index;
-    with ``preimage``, also the target row as it was (``copy_values``) as :data:`PREIMAGE_PREFIX` columns."""
+    with ``preimage``, also the target row as it was (``copy_values``) as :data:`PREIMAGE_PREFIX` columns;
+    ``carried`` columns of the frame pass through unchanged."""
     clause_col = F.col(_CLAUSE_COLUMN)
     columns: list[Column] = []
     for position, field in enumerate(plan.final_schema.fields):
@@ -119,7 +120,7 @@ def _outputs(
     columns.append(action.otherwise(F.lit(int(Action.SOURCE_UNMATCHED))).cast("tinyint").alias(ACTION_COLUMN))
     if preimage:
         columns += [value.alias(f"{PREIMAGE_PREFIX}{i}") for i, value in enumerate(copy_values)]
-    selected = df.select(*columns, clause_col)
+    selected = df.select(*columns, *[F.col(c) for c in carried], clause_col)
     generate = {}
     for field in plan.final_schema.fields:
         computing = [index for index, clause in enumerate(plan.clauses) if field.name in clause.generated]
@@ -135,6 +136,7 @@ def _outputs(
 def classic_output(
     source: DataFrame, target: DataFrame, *, plan: MergePlan, copy_values: Sequence[Column],
     constraints: TableConstraints, change_data: bool = False, deduplicate_deletes: bool = False,
+    carried: Sequence[str] = (),
 ) -> DataFrame:
     """Join the source with the rows of the touched files and apply the clauses (ClassicMergeExecutor).
 
@@ -145,6 +147,7 @@ def classic_output(
     :param deduplicate_deletes: target rows matched several times (allowed for a single unconditional
         DELETE) are deleted once, so that they give one ``delete`` change row (Delta's
         deduplicateCDFDeletes); the row counts then need no compensation.
+    :param carried: columns of ``target`` every output row keeps (NULL on rows without a target row).
     """
     indexed = list(enumerate(plan.clauses))
     how = "full_outer" if plan.clauses_of("not_matched") else "right_outer"
@@ -168,7 +171,7 @@ def classic_output(
         .otherwise(_first_clause([(i, c) for i, c in indexed if c.when == "matched"], _COPY))
     )
     return _outputs(joined.withColumn(_CLAUSE_COLUMN, clause_index), plan, copy_values, constraints,
-                    preimage=change_data)
+                    preimage=change_data, carried=carried)
 
 
 def insert_only_output(

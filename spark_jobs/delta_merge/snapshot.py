@@ -6,7 +6,7 @@ import datetime as dt
 import decimal
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -14,9 +14,10 @@ from urllib.parse import unquote, urlsplit
 import deltalake
 import pyarrow as pa
 from deltalake.exceptions import DeltaError, TableNotFoundError
+from deltalake.table import ProtocolVersions
 from pyspark.sql.types import StructType
 
-from spark_jobs.delta_merge.deletion_vectors import DeletionVector, log_deletion_vectors
+from spark_jobs.delta_merge.delta_log import LogState, replay_log
 from spark_jobs.delta_merge.delta_schema import spark_schema_from_delta
 from spark_jobs.delta_merge.errors import MergeAnalysisError, MergeExecutionError
 from spark_jobs.delta_merge.files import FileStats, LiveFile
@@ -49,6 +50,8 @@ class TargetSnapshot:
         numbers, booleans and dates; timestamps are rendered ``YYYY-MM-DD HH:MM:SS.ffffff`` in UTC
         (delta-rs only exposes parsed partition values).
     :param storage_options: how to reach the table's store (to read deletion vectors).
+    :param domains: the live ``domainMetadata`` configurations (JSON strings) by domain.
+    :param in_commit_timestamp: the version's ``commitInfo.inCommitTimestamp``, if it has one.
     """
 
     table_uri: str
@@ -61,6 +64,8 @@ class TargetSnapshot:
     metadata_id: str
     files: tuple[LiveFile, ...] = field(repr=False)
     storage_options: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
+    domains: Mapping[str, str] = field(default_factory=dict)
+    in_commit_timestamp: int | None = None
     _paths: Mapping[str, str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -83,7 +88,7 @@ def load_snapshot(
         schema_json = table.schema().to_json()
         protocol_versions = table.protocol()
         actions = pa.table(table.get_add_actions(flatten=False))
-        vectors = _deletion_vectors(table, protocol_versions.reader_features, options)
+        log_state = _log_state(table, protocol_versions, options)
     except DeltaError as exc:
         raise MergeAnalysisError(
             f"Cannot read the Delta log of target {uri} at version {table.version()}: {_first_line(exc)}. "
@@ -92,7 +97,7 @@ def load_snapshot(
     schema = spark_schema_from_delta(schema_json)
     partition_columns = tuple(metadata.partition_columns)
     table_uri = table.table_uri.rstrip("/")
-    files = tuple(_live_file(row, partition_columns, vectors) for row in actions.to_pylist())
+    files = tuple(_live_file(row, partition_columns, log_state) for row in actions.to_pylist())
     return TargetSnapshot(
         table_uri=table_uri,
         version=table.version(),
@@ -109,6 +114,8 @@ def load_snapshot(
         metadata_id=str(metadata.id),
         files=files,
         storage_options=dict(storage_options or {}),
+        domains=dict(log_state.domains),
+        in_commit_timestamp=log_state.in_commit_timestamp,
     )
 
 
@@ -210,35 +217,35 @@ def _first_line(exc: Exception) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
-def _deletion_vectors(
-    table: deltalake.DeltaTable, reader_features: Iterable[str] | None, options: dict[str, str] | None
-) -> Mapping[str, DeletionVector]:
-    # get_add_actions() does not expose deletionVector descriptors: replay the log for them, and only
-    # when the protocol allows deletion vectors at all.
-    if "deletionVectors" not in set(reader_features or ()):
-        return {}
+def _log_state(
+    table: deltalake.DeltaTable, protocol: ProtocolVersions, options: dict[str, str] | None
+) -> LogState:
+    # get_add_actions() exposes neither deletion vectors nor row tracking fields, and nothing exposes
+    # domain metadata or in-commit timestamps: replay the log for them, only for tables with features.
+    if not (protocol.reader_features or protocol.writer_features):
+        return LogState()
     try:
-        store = log_store(table.table_uri, options)
-        return log_deletion_vectors(store, table.version())
+        return replay_log(log_store(table.table_uri, options), table.version())
     except (OSError, ValueError, KeyError) as exc:
         raise MergeAnalysisError(
-            f"Cannot read the deletion vector descriptors of target {table.table_uri} at version "
-            f"{table.version()}: {exc}. Check that _delta_log/ is intact."
+            f"Cannot read the deletion vectors, row tracking fields and domain metadata of target "
+            f"{table.table_uri} at version {table.version()}: {exc}. Check that _delta_log/ is intact."
         ) from exc
 
 
-def _live_file(
-    row: Mapping[str, Any], partition_columns: tuple[str, ...], vectors: Mapping[str, DeletionVector]
-) -> LiveFile:
+def _live_file(row: Mapping[str, Any], partition_columns: tuple[str, ...], log_state: LogState) -> LiveFile:
     partition = row.get("partition") or {}
     path = str(row["path"])
+    extra = log_state.files.get(path)
     return LiveFile(
         path=path,
         size=int(row["size_bytes"]),
         partition_values={c: _partition_string(partition.get(c)) for c in partition_columns},
         stats=_file_stats(row),
         modification_time=int(row["modification_time"]),
-        deletion_vector=vectors.get(path),
+        deletion_vector=extra.deletion_vector if extra else None,
+        base_row_id=extra.base_row_id if extra else None,
+        default_row_commit_version=extra.default_row_commit_version if extra else None,
     )
 
 

@@ -9,7 +9,10 @@ from dataclasses import dataclass, field
 from pyspark.sql.types import StructField, StructType
 
 from spark_jobs.delta_merge.errors import MergeAnalysisError, UnsupportedTableFeatureError
+from spark_jobs.delta_merge.file_stats import indexed_leaves
+from spark_jobs.delta_merge.row_tracking import row_tracking
 from spark_jobs.delta_merge.snapshot import TargetSnapshot
+from spark_jobs.delta_merge.write import arrow_schema
 
 __all__ = [
     "SUPPORTED_FEATURES",
@@ -26,6 +29,11 @@ __all__ = [
 # deletionVectors: files carrying one are read without their deleted rows and, when rewritten, removed with
 # their descriptor; merges always rewrite (copy-on-write) and never write new vectors, whatever
 # delta.enableDeletionVectors says (Delta's own writers may, too: the property only permits them).
+# rowTracking: new files get baseRowId/defaultRowCommitVersion and the high-water mark moves (commit);
+# with delta.enableRowTracking, rewritten rows keep their ids in the materialized columns (row_tracking).
+# inCommitTimestamp: commitInfo carries a monotonic inCommitTimestamp (commit). clustering: merges write
+# unclustered files (no clusteringProvider) with stats on the clustering columns, and leave the
+# delta.clustering domain as it is.
 SUPPORTED_FEATURES = frozenset(
     {
         "appendOnly",
@@ -38,24 +46,22 @@ SUPPORTED_FEATURES = frozenset(
         "domainMetadata",
         "vacuumProtocolCheck",
         "v2Checkpoint",
+        "rowTracking",
+        "inCommitTimestamp",
+        "clustering",
     }
 )
 # Supported only while unused: checked against files, properties and the schema below.
 _CONDITIONAL_FEATURES = frozenset({"columnMapping", "identityColumns"})
 _PROTOCOL = "protocol"
+CLUSTERING_DOMAIN = "delta.clustering"
 _APPEND_ONLY = "appendOnly"
 # How Delta's messages name the writer ("... unsupported by Delta Lake "<version>"").
 _ENGINE = "airflow-merge-provider merge job"
 
 _WHY = {
-    "rowTracking": "writers must assign row ids and commit versions to every new file and keep them "
-    "on rewritten rows; this job cannot",
     "typeWidening": "older files may hold narrower types than the schema; Spark's Parquet reader "
     "would not widen them the way Delta does",
-    "inCommitTimestamp": "every commit must carry a monotonic inCommitTimestamp in commitInfo, which this "
-    "job does not write yet",
-    "clustering": "liquid clustering metadata (clusteringProvider, domain metadata) would not be kept "
-    "up to date",
     "icebergCompatV1": "Iceberg compatibility needs column mapping and Iceberg metadata on commit",
     "icebergCompatV2": "Iceberg compatibility needs column mapping and Iceberg metadata on commit",
     "variantType": "VARIANT columns are not read or written by this job's Parquet path",
@@ -178,11 +184,60 @@ def _problems(snapshot: TargetSnapshot, *, removes_files: bool) -> Iterator[tupl
             "appendOnly (delta.appendOnly=true): this merge updates or deletes rows, which removes files. "
             "Only insert-only merges are allowed; set delta.appendOnly=false to allow it."
         )
+    yield from _row_tracking_problems(snapshot, config, removes_files=removes_files)
+    yield from _clustering_problems(snapshot, config)
     for feature in sorted(
         (protocol.reader_features | protocol.writer_features) - SUPPORTED_FEATURES - _CONDITIONAL_FEATURES
     ):
         why = _WHY.get(feature, "this job does not know its rules")
         yield feature, f"{feature}: {why}."
+
+
+def _row_tracking_problems(
+    snapshot: TargetSnapshot, config: Mapping[str, str], *, removes_files: bool
+) -> Iterator[tuple[str, str]]:
+    tracking = row_tracking(snapshot)
+    if tracking is not None and "domainMetadata" not in snapshot.protocol.writer_features:
+        yield "rowTracking", (
+            "rowTracking without domainMetadata in the protocol's writerFeatures: the row id high-water "
+            "mark is a domainMetadata action, which this table does not allow. The protocol is invalid."
+        )
+    if tracking is None or config.get("delta.enablerowtracking", "false").lower() != "true":
+        return
+    if not tracking.preserves:
+        yield "rowTracking", (
+            "rowTracking (delta.enableRowTracking=true): the table names no materialized row id or row "
+            "commit version column (delta.rowTracking.materializedRowIdColumnName / "
+            "materializedRowCommitVersionColumnName), so rewritten rows could not keep their row ids."
+        )
+    elif removes_files and change_data_feed_enabled(snapshot):
+        yield "rowTracking", (
+            "rowTracking with changeDataFeed: this job cannot yet keep the materialized row id columns out "
+            "of change data files. Only insert-only merges are allowed on such tables."
+        )
+
+
+def _clustering_problems(snapshot: TargetSnapshot, config: Mapping[str, str]) -> Iterator[tuple[str, str]]:
+    # PROTOCOL.md "Clustered Table": every add must have statistics on the clustering columns.
+    if "clustering" not in snapshot.protocol.writer_features or CLUSTERING_DOMAIN not in snapshot.domains:
+        return
+    try:
+        columns = json.loads(snapshot.domains[CLUSTERING_DOMAIN])["clusteringColumns"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise MergeAnalysisError(
+            f"Target {snapshot.table_uri} has a {CLUSTERING_DOMAIN} domain whose configuration is not "
+            f'{{"clusteringColumns": [...]}}: {snapshot.domains[CLUSTERING_DOMAIN]!r}.'
+        ) from exc
+    data_schema = StructType([f for f in snapshot.schema.fields if f.name not in snapshot.partition_columns])
+    indexed = {leaf.path for leaf in indexed_leaves(
+        arrow_schema(data_schema), num_indexed_cols=int(config.get("delta.dataskippingnumindexedcols", "32"))
+    )}  # fmt: skip
+    paths = [tuple(c) if isinstance(c, list) else tuple(str(c).split(".")) for c in columns]
+    if missing := [".".join(p) for p in paths if p not in indexed]:
+        yield "clustering", (
+            f"clustering (columns {', '.join(missing)}): writers must collect statistics on the clustering "
+            "columns, but they are beyond delta.dataSkippingNumIndexedCols; raise it to cover them."
+        )
 
 
 def _struct_fields(schema: StructType) -> Iterator[tuple[tuple[str, ...], StructField]]:

@@ -14,6 +14,7 @@ from spark_jobs.delta_merge.deletion_vectors import deleted_rows
 from spark_jobs.delta_merge.files import LiveFile
 from spark_jobs.delta_merge.log_store import log_store
 from spark_jobs.delta_merge.partition_values import parse_partition_value
+from spark_jobs.delta_merge.row_tracking import ROW_COMMIT_VERSION_COLUMN, ROW_ID_COLUMN, RowTracking
 from spark_jobs.delta_merge.snapshot import file_uri
 
 if TYPE_CHECKING:
@@ -47,8 +48,10 @@ def _read_live_rows(
     data_schema: StructType,
     *,
     with_file_key: bool,
+    with_row_index: bool = False,
 ) -> DataFrame:
-    """The Parquet rows of ``files`` minus the rows their deletion vectors delete.
+    """The Parquet rows of ``files`` minus the rows their deletion vectors delete (with their physical
+    index in the file as ``_ROW_INDEX`` when ``with_row_index``).
 
     Files without a vector are read as they are; only files with one pay for the anti join on
     (file, ``_metadata.row_index``) against their deleted rows, which are few and broadcast.
@@ -58,6 +61,8 @@ def _read_live_rows(
     parts: list[DataFrame] = []
     if plain:
         df = spark.read.schema(data_schema).parquet(*[file_uri(snapshot, f) for f in plain])
+        if with_row_index:
+            df = df.withColumn(_ROW_INDEX, F.col("_metadata.row_index"))
         parts.append(df.withColumn(FILE_KEY_COLUMN, _file_key_column()) if with_file_key else df)
     if with_dv:
         store = log_store(snapshot.table_uri, snapshot.storage_options)
@@ -80,8 +85,8 @@ def _read_live_rows(
                 [FILE_KEY_COLUMN, _ROW_INDEX],
                 "left_anti",
             )
-            .drop(_ROW_INDEX)
         )
+        df = df if with_row_index else df.drop(_ROW_INDEX)
         parts.append(df if with_file_key else df.drop(FILE_KEY_COLUMN))
     result = parts[0]
     for part in parts[1:]:
@@ -95,17 +100,29 @@ def scan_files(
     files: Sequence[LiveFile],
     *,
     with_file_key: bool = False,
+    row_tracking: RowTracking | None = None,
 ) -> DataFrame:
-    """The rows of ``files`` in the snapshot's schema (partition columns from the log, not the path)."""
+    """The rows of ``files`` in the snapshot's schema (partition columns from the log, not the path).
+
+    :param row_tracking: with row tracking enabled, each row also carries its stable row id and row
+        commit version (:data:`ROW_ID_COLUMN`, :data:`ROW_COMMIT_VERSION_COLUMN`).
+    """
     schema: StructType = snapshot.schema
     partition_columns = list(snapshot.partition_columns)
     data_schema = StructType([f for f in schema.fields if f.name not in partition_columns])
     out_fields = list(schema.fields) + ([StructField(FILE_KEY_COLUMN, StringType())] if with_file_key else [])
+    tracked = row_tracking.materialized_columns if row_tracking is not None else ()
+    if tracked:
+        data_schema = StructType(data_schema.fields + [StructField(c, LongType()) for c in tracked])
+        out_fields += [StructField(c, LongType()) for c in (ROW_ID_COLUMN, ROW_COMMIT_VERSION_COLUMN)]
     if not files:
         return spark.createDataFrame([], StructType(out_fields))
     df = _read_live_rows(
-        spark, snapshot, files, data_schema, with_file_key=with_file_key or bool(partition_columns)
+        spark, snapshot, files, data_schema,
+        with_file_key=with_file_key or bool(partition_columns or tracked), with_row_index=bool(tracked),
     )
+    if tracked:
+        df = _with_stable_row_ids(spark, snapshot, files, df, tracked)
     if partition_columns:
         part_schema = StructType(
             [StructField(FILE_KEY_COLUMN, StringType())]
@@ -123,3 +140,24 @@ def scan_files(
         df = df.join(F.broadcast(values), on=FILE_KEY_COLUMN, how="inner")
     # Quoted: a name with a dot (`value.a`) is one column, not the field a of a struct value.
     return df.select(*[F.col(f"`{f.name.replace('`', '``')}`") for f in out_fields])
+
+
+def _with_stable_row_ids(
+    spark: SparkSession, snapshot: TargetSnapshot, files: Sequence[LiveFile], df: DataFrame,
+    materialized: tuple[str, ...],
+) -> DataFrame:
+    """PROTOCOL.md "Reader Requirements for Row Tracking": the materialized value when not NULL, else
+    the default (``baseRowId`` + physical index; ``defaultRowCommitVersion``)."""
+    defaults_schema = StructType([
+        StructField(FILE_KEY_COLUMN, StringType()), StructField("__merge_base_row_id", LongType()),
+        StructField("__merge_default_version", LongType()),
+    ])  # fmt: skip
+    defaults = spark.createDataFrame(
+        [(file_key(snapshot, f), f.base_row_id, f.default_row_commit_version) for f in files], defaults_schema
+    )
+    row_id, commit_version = (F.col(f"`{c}`") for c in materialized)
+    return (
+        df.join(F.broadcast(defaults), on=FILE_KEY_COLUMN, how="inner")
+        .withColumn(ROW_ID_COLUMN, F.coalesce(row_id, F.col("__merge_base_row_id") + F.col(_ROW_INDEX)))
+        .withColumn(ROW_COMMIT_VERSION_COLUMN, F.coalesce(commit_version, F.col("__merge_default_version")))
+    )

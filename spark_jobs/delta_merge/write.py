@@ -58,6 +58,7 @@ def write_merge_output(
     job_description: str | None = None, violation_column: str | None = None,
     change_types: Mapping[int, str] | None = None, preimage_change_types: Mapping[int, str] | None = None,
     preimage_columns: Sequence[str] = (),
+    hidden_columns: Collection[str] = (),
 ) -> WriteOutcome:
     """Write ``df`` as new Parquet files under ``table_root``, counting rows per action code.
 
@@ -78,6 +79,8 @@ def write_merge_output(
         of these codes are also written to change data files under ``_change_data/``.
     :param preimage_change_types: the ``_change_type`` of a row's preimage by action code; the
         preimage is read from ``preimage_columns`` (one per ``schema`` column, in its order).
+    :param hidden_columns: ``schema`` columns written to the data files that are not table columns (row
+        tracking's materialized columns): no statistics are collected on them.
     :raises ConstraintViolationError: a row violates a constraint (the message is the column's value).
     :raises MergeExecutionError: the job failed; nothing is committed and files written before
         the failure are orphans that VACUUM removes.
@@ -109,7 +112,10 @@ def write_merge_output(
         data_schema=data_schema,
         partition_columns=tuple(partition_columns),
         partition_types=tuple(schema[c].dataType for c in partition_columns),
-        leaves=indexed_leaves(data_schema, num_indexed_cols=num_indexed_cols, stats_columns=stats_columns),
+        leaves=indexed_leaves(
+            pa.schema([f for f in data_schema if f.name not in hidden_columns]),
+            num_indexed_cols=num_indexed_cols, stats_columns=stats_columns,
+        ),
         drop_codes=tuple(sorted({int(c) for c in drop_codes})),
         target_file_size=target_file_size,
         check_violations=violation_column is not None,

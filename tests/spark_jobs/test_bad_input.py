@@ -326,11 +326,11 @@ def not_null_violated(root: Path) -> tuple[Path, dict[str, Any]]:
     return target, spec(target, make_source(root), sql)
 
 
-@case(UnsupportedTableFeatureError, "rowTracking: writers must assign row ids")
-def row_tracking(root: Path) -> tuple[Path, dict[str, Any]]:
+@case(UnsupportedTableFeatureError, "allowColumnDefaults: inserts must fill columns from their DEFAULT")
+def column_defaults(root: Path) -> tuple[Path, dict[str, Any]]:
     target = root / "t"
     write_deltalake(str(target), kv([(1, 1, "a"), (2, 2, "b"), (4, 4, "b")]), partition_by=["v"])
-    _commit_protocol(target, writer_features=["rowTracking", "domainMetadata"])
+    _commit_protocol(target, writer_features=["allowColumnDefaults"])
     return target, spec(target, make_source(root), ON + "WHEN MATCHED THEN UPDATE SET n = s.n")
 
 

@@ -1,8 +1,8 @@
 """Every action of a merge commit, as the job writes it, against the action schemas of Delta's PROTOCOL.md.
 
 The schemas below transcribe PROTOCOL.md's field tables (Commit Provenance Information, Change Metadata,
-Add File and Remove File, Add CDC File, Transaction Identifiers): required fields, their types, and no
-field the protocol does not define for the action.
+Add File and Remove File, Add CDC File, Transaction Identifiers, Domain Metadata): required fields, their
+types, and no field the protocol does not define for the action.
 """
 
 from __future__ import annotations
@@ -47,6 +47,19 @@ ACTION_SCHEMAS: dict[str, dict[str, Any]] = {
             "isBlindAppend": {"type": "boolean"},
             "engineInfo": {"type": "string"},
             "txnId": {"type": "string"},
+            # In-Commit Timestamps; Row Tracking's delta.rowTracking.preserved tag.
+            "inCommitTimestamp": _LONG,
+            "tags": _TAGS,
+        },
+    },
+    "domainMetadata": {
+        "type": "object",
+        "required": ["domain", "configuration", "removed"],
+        "additionalProperties": False,
+        "properties": {
+            "domain": {"type": "string"},
+            "configuration": {"type": "string"},
+            "removed": {"type": "boolean"},
         },
     },
     "metaData": {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +78,9 @@ def test_plain_and_supported_feature_tables_are_writable() -> None:
         "v2Checkpoint",
         "changeDataFeed",
         "deletionVectors",
+        "rowTracking",
+        "inCommitTimestamp",
+        "clustering",
     )
     check_writable(_snapshot(protocol=supported), removes_files=True)
     # Merges into change data feed tables write _change_data files and cdc actions.
@@ -112,15 +116,41 @@ def test_files_with_deletion_vectors_are_rewritten_not_refused() -> None:
             {"fields": [_field("id", metadata={"delta.identity.start": 1, "delta.identity.step": 1})]},
             "identityColumns (id)",
         ),
-        ({"protocol": _features("rowTracking")}, "rowTracking: writers must assign row ids"),
-        ({"protocol": _features("inCommitTimestamp")}, "inCommitTimestamp: every commit must carry"),
-        ({"protocol": _features("clustering")}, "clustering: liquid clustering metadata"),
+        ({"protocol": _features("typeWidening")}, "typeWidening: older files may hold narrower types"),
+        (
+            {"protocol": _features("rowTracking"), "configuration": {"delta.enableRowTracking": "true"}},
+            "names no materialized row id or row commit version column",
+        ),
+        ({"protocol": _features("rowTracking")}, "rowTracking without domainMetadata"),
         ({"protocol": _features("someFutureFeature")}, "someFutureFeature: this job does not know its rules"),
         ({"protocol": TableProtocol(4, 8)}, "protocol version (reader 4, writer 8)"),
     ],
 )
 def test_refused_features(kwargs: dict[str, Any], expected: str) -> None:
     assert expected in _refusal(_snapshot(**kwargs))
+
+
+def test_row_tracking_with_change_data_feed_allows_only_insert_only_merges() -> None:
+    config = {
+        "delta.enableRowTracking": "true", "delta.enableChangeDataFeed": "true",
+        "delta.rowTracking.materializedRowIdColumnName": "_row-id",
+        "delta.rowTracking.materializedRowCommitVersionColumnName": "_row-commit-version",
+    }  # fmt: skip
+    protocol = _features("rowTracking", "domainMetadata", "changeDataFeed")
+    snapshot = _snapshot(protocol=protocol, configuration=config)
+    check_writable(snapshot, removes_files=False)
+    assert "rowTracking with changeDataFeed" in _refusal(snapshot, removes_files=True)
+
+
+def test_clustering_columns_must_have_statistics() -> None:
+    fields = [_field("id"), _field("v", "string")]
+    protocol = _features("clustering", "domainMetadata")
+    domains = {"delta.clustering": '{"clusteringColumns": [["v"]]}'}
+    check_writable(replace(_snapshot(fields=fields, protocol=protocol), domains=domains), removes_files=True)
+    one_column = {"delta.dataSkippingNumIndexedCols": "1"}
+    narrow = _snapshot(fields=fields, protocol=protocol, configuration=one_column)
+    message = _refusal(replace(narrow, domains=domains))
+    assert "clustering (columns v): writers must collect statistics" in message
 
 
 def test_append_only_refuses_only_merges_that_remove_files() -> None:

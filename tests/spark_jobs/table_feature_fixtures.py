@@ -1,0 +1,127 @@
+"""Give a deltalake-made table row tracking, in-commit timestamps or liquid clustering, by a hand commit.
+
+deltalake 1.6.6 cannot create such tables, so one commit written here per PROTOCOL.md turns them on:
+protocol 3/7 with the writer features, metaData with the properties, the features' ``domainMetadata``
+actions, and (row tracking) every live ``add`` recommitted with ``baseRowId`` and
+``defaultRowCommitVersion``, as Delta's backfill does.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+ROW_ID_COLUMN = "delta.rowTracking.materializedRowIdColumnName"
+ROW_COMMIT_VERSION_COLUMN = "delta.rowTracking.materializedRowCommitVersionColumnName"
+
+
+Actions = dict[str, dict[str, Any]]
+
+
+def replay(table: Path) -> tuple[int, Actions, dict[str, Any], dict[str, Any], Actions]:
+    """(latest version, live adds by path, metaData, protocol, live domainMetadata by domain) from the JSON
+    commits (the fixtures' tables have no checkpoint yet)."""
+    log = table / "_delta_log"
+    version = max(int(p.stem) for p in log.glob("*.json"))
+    adds: dict[str, dict[str, Any]] = {}
+    domains: dict[str, Any] = {}
+    metadata: dict[str, Any] = {}
+    protocol: dict[str, Any] = {}
+    for v in range(version + 1):
+        for line in (log / f"{v:020d}.json").read_text().splitlines():
+            action = json.loads(line)
+            if "add" in action:
+                adds[action["add"]["path"]] = action["add"]
+            elif "remove" in action:
+                adds.pop(action["remove"]["path"], None)
+            elif "metaData" in action:
+                metadata = action["metaData"]
+            elif "protocol" in action:
+                protocol = action["protocol"]
+            elif "domainMetadata" in action:
+                domain = action["domainMetadata"]
+                if domain.get("removed"):
+                    domains.pop(domain["domain"], None)
+                else:
+                    domains[domain["domain"]] = domain
+    return version, adds, metadata, protocol, domains
+
+
+def enable_features(
+    table: Path,
+    *,
+    row_tracking: bool = False,
+    row_tracking_enabled: bool = True,
+    in_commit_timestamps: bool = False,
+    clustering_columns: Sequence[str] = (),
+    in_commit_timestamp: int | None = None,
+    configuration: Mapping[str, str] | None = None,
+    flat_clustering_columns: bool = False,
+) -> int:
+    """Commit the next version turning the chosen features on; returns that version.
+
+    :param row_tracking_enabled: with ``row_tracking``, also set ``delta.enableRowTracking`` (otherwise
+        the feature is only supported: ids are assigned but not preserved).
+    :param in_commit_timestamp: the enabling commit's in-commit timestamp (default: now).
+    :param configuration: more table properties to set.
+    :param flat_clustering_columns: write ``clusteringColumns`` as names, as PROTOCOL.md's example does,
+        not as lists of name parts, as Delta writes them.
+    """
+    version, adds, metadata, protocol, _ = replay(table)
+    new_version = version + 1
+    now = in_commit_timestamp if in_commit_timestamp is not None else int(time.time() * 1000)
+    features = {"domainMetadata", *protocol.get("writerFeatures", [])}
+    config = {**metadata["configuration"], **(configuration or {})}
+    commit_info: dict[str, Any] = {"timestamp": now, "operation": "SET TBLPROPERTIES"}
+    actions: list[dict[str, Any]] = []
+    if in_commit_timestamps:
+        features.add("inCommitTimestamp")
+        config.update({
+            "delta.enableInCommitTimestamps": "true",
+            "delta.inCommitTimestampEnablementVersion": str(new_version),
+            "delta.inCommitTimestampEnablementTimestamp": str(now),
+        })  # fmt: skip
+        commit_info = {"inCommitTimestamp": now, **commit_info}
+    if clustering_columns:
+        features.add("clustering")
+        actions.append({"domainMetadata": {
+            "domain": "delta.clustering",
+            "configuration": json.dumps({
+                "clusteringColumns": list(clustering_columns) if flat_clustering_columns
+                else [[c] for c in clustering_columns],
+            }),
+            "removed": False,
+        }})  # fmt: skip
+    if row_tracking:
+        features.add("rowTracking")
+        config.update({
+            ROW_ID_COLUMN: f"_row-id-col-{uuid.uuid4()}",
+            ROW_COMMIT_VERSION_COLUMN: f"_row-commit-version-col-{uuid.uuid4()}",
+        })  # fmt: skip
+        if row_tracking_enabled:
+            config["delta.enableRowTracking"] = "true"
+        next_id = 0
+        for path in sorted(adds):
+            records = json.loads(adds[path]["stats"])["numRecords"]
+            add = {**adds[path], "dataChange": False, "baseRowId": next_id}
+            actions.append({"add": {**add, "defaultRowCommitVersion": new_version}})
+            next_id += records
+        actions.append({"domainMetadata": {
+            "domain": "delta.rowTracking",
+            "configuration": json.dumps({"rowIdHighWaterMark": next_id - 1}),
+            "removed": False,
+        }})  # fmt: skip
+    reader_features = protocol.get("readerFeatures", [])
+    head: list[dict[str, Any]] = [
+        {"commitInfo": commit_info},
+        {"protocol": {"minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": sorted(reader_features),
+                      "writerFeatures": sorted(features)}},
+        {"metaData": {**metadata, "configuration": config}},
+    ]  # fmt: skip
+    body = "".join(json.dumps(a) + "\n" for a in head + actions)
+    (table / "_delta_log" / f"{new_version:020d}.json").write_text(body)
+    return new_version
