@@ -26,6 +26,8 @@ __all__ = [
 # deletionVectors: files carrying one are read without their deleted rows and, when rewritten, removed with
 # their descriptor; merges always rewrite (copy-on-write) and never write new vectors, whatever
 # delta.enableDeletionVectors says (Delta's own writers may, too: the property only permits them).
+# identityColumns: inserts draw new values beyond the high-water mark, which moves in the merge's own
+# commit; explicit values and updates are refused as Delta does (identity_columns).
 SUPPORTED_FEATURES = frozenset(
     {
         "appendOnly",
@@ -38,10 +40,11 @@ SUPPORTED_FEATURES = frozenset(
         "domainMetadata",
         "vacuumProtocolCheck",
         "v2Checkpoint",
+        "identityColumns",
     }
 )
 # Supported only while unused: checked against files, properties and the schema below.
-_CONDITIONAL_FEATURES = frozenset({"columnMapping", "identityColumns"})
+_CONDITIONAL_FEATURES = frozenset({"columnMapping"})
 _PROTOCOL = "protocol"
 _APPEND_ONLY = "appendOnly"
 # How Delta's messages name the writer ("... unsupported by Delta Lake "<version>"").
@@ -162,16 +165,6 @@ def _problems(snapshot: TargetSnapshot, *, removes_files: bool) -> Iterator[tupl
         yield "columnMapping", (
             f"columnMapping (delta.columnMapping.mode={mode}): Parquet columns have physical names the "
             "job does not translate. Only tables without column mapping are supported."
-        )
-    identity = [
-        ".".join(p)
-        for p, f in _struct_fields(snapshot.schema)
-        if any(k.startswith("delta.identity.") for k in f.metadata)
-    ]
-    if identity:
-        yield "identityColumns", (
-            f"identityColumns ({', '.join(identity)}): inserts must draw new identity values and move the "
-            "high-water mark, which this job does not do."
         )
     if removes_files and config.get("delta.appendonly", "false").lower() == "true":
         yield _APPEND_ONLY, (
