@@ -168,9 +168,9 @@ def with_identity_slots(df: DataFrame, draws_value: Column, *, partitions: int) 
 
     As Delta's GenerateIdentityValues: the row at position ``k`` of partition ``p`` of ``n`` gets
     ``p + k * n``. Spark gives Python no partition count, so the rows are first spread round-robin over
-    exactly ``partitions`` partitions (a repartition to a fixed number, which adaptive execution keeps);
-    every ``p`` is then below ``n``. The slot is one expression evaluated once per row, so two INSERT
-    clauses never draw the same value.
+    ``partitions`` partitions: adaptive execution may merge those but never splits them, so every ``p``
+    is below ``n``. The slot is one expression evaluated once per row, so two INSERT clauses never draw
+    the same value.
     """
     spread = df.repartition(partitions)
     row_in_partition = F.monotonically_increasing_id().bitwiseAND(F.lit(_ROW_IN_PARTITION_MASK))

@@ -37,10 +37,11 @@ WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *"""
 def identity_table(
     path: Path, rows: Sequence[tuple[Any, ...]], *, start: int, step: int, always: bool,
     high_water_mark: int | None, table_features: bool = False, configuration: dict[str, str] | None = None,
+    partition_by: list[str] | None = None,
 ) -> Path:
     """A table (id, k, v) whose ``id`` is an identity column; returns its path."""
     data = pa.Table.from_pylist([dict(zip(TARGET.names, r, strict=True)) for r in rows], schema=TARGET)
-    write_deltalake(str(path), data, configuration=configuration)
+    write_deltalake(str(path), data, configuration=configuration, partition_by=partition_by)
     make_identity_column(path, "id", start=start, step=step, always=always, high_water_mark=high_water_mark,
                          table_features=table_features)
     return path
@@ -169,6 +170,22 @@ def test_the_mark_is_read_from_the_files_when_statistics_leave_the_column_out(
     assert all("id" not in json.loads(add["stats"]).get("maxValues", {}) for add in adds)
     new = [r[0] for r in rows_of(target)[1:]]
     check_lattice(new, start=1, step=2, beyond=1)
+    assert committed_mark(target, metrics["tableVersion"]) == max(new)
+
+
+@pytest.mark.spark
+def test_partitioned_table_values_stay_unique_across_partitions(spark: Any, tmp_path: Path) -> None:
+    # The write stage rebalances by partition value after the values are drawn.
+    target = identity_table(tmp_path / "t", [(1, 1, "a")], start=1, step=1, always=True, high_water_mark=1,
+                            partition_by=["v"])
+    source = source_files(tmp_path / "s", [(k, "ab"[k % 2]) for k in range(2, 8)],
+                          [(k, "ab"[k % 2]) for k in range(8, 14)])
+    metrics = merge(spark, target, source, UPSERT_STAR, shuffle_partitions=3)
+
+    rows = rows_of(target)
+    assert [(k, v) for _, k, v in rows] == [(1, "a")] + [(k, "ab"[k % 2]) for k in range(2, 14)]
+    new = [r[0] for r in rows[1:]]
+    check_lattice(new, start=1, step=1, beyond=1)
     assert committed_mark(target, metrics["tableVersion"]) == max(new)
 
 
