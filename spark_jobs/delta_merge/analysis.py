@@ -174,8 +174,9 @@ class _Resolver:
     # -- clauses ------------------------------------------------------------------------------------
     def resolve(self) -> MergePlan:
         condition_type = self.expr_type(self.parsed.condition, self.joined_df, "search condition")
-        check_identity_assignments(self.identity, self.parsed, source_schema=self.source_schema)
         clauses = tuple(self._clause(c) for c in self.parsed.clauses)
+        # After resolution, as Delta's PreprocessTableMerge checks resolved clauses.
+        check_identity_assignments(self.identity, self.parsed, source_schema=self.source_schema)
         return MergePlan(
             target_alias=self.t,
             source_alias=self.s,

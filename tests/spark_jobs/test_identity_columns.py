@@ -23,6 +23,7 @@ from spark_jobs.delta_merge.errors import ConcurrentModificationError, MergeAnal
 from spark_jobs.delta_merge.identity_columns import IdentityColumn, moved_high_water_mark
 from tests.delta_reader import read_rows, read_rows_with_kernel, table_version
 from tests.spark_jobs.identity_fixture import commit_high_water_mark, identity_metadata, make_identity_column
+from tests.spark_jobs.test_change_data_feed import changes
 from tests.spark_jobs.test_pipeline import live_files, log_actions, merge
 
 TARGET = pa.schema([("id", pa.int64()), ("k", pa.int64()), ("v", pa.string())])
@@ -187,6 +188,31 @@ def test_partitioned_table_values_stay_unique_across_partitions(spark: Any, tmp_
     new = [r[0] for r in rows[1:]]
     check_lattice(new, start=1, step=1, beyond=1)
     assert committed_mark(target, metrics["tableVersion"]) == max(new)
+
+
+@pytest.mark.spark
+def test_change_data_feed_records_the_drawn_values(spark: Any, tmp_path: Path) -> None:
+    target = identity_table(tmp_path / "t", [(1, 1, "a")], start=1, step=1, always=True, high_water_mark=1,
+                            configuration={"delta.enableChangeDataFeed": "true"})
+    source = source_files(tmp_path / "s", [(1, "A"), (2, "b")], [(3, "c")])
+    metrics = merge(spark, target, source, UPSERT_COLUMNS)
+
+    rows = rows_of(target)
+    assert changes(target, metrics["tableVersion"]) == sorted(
+        [(1, 1, "a", "update_preimage"), (1, 1, "A", "update_postimage"),
+         *[(*row, "insert") for row in rows[1:]]], key=repr)
+
+
+@pytest.mark.spark
+def test_a_dry_run_draws_values_but_commits_nothing(spark: Any, tmp_path: Path) -> None:
+    target = identity_table(tmp_path / "t", [(1, 1, "a")], start=1, step=1, always=True, high_water_mark=1)
+    before = table_version(target)
+    source = source_files(tmp_path / "s", [(2, "b"), (3, "c")])
+    metrics = merge(spark, target, source, UPSERT_COLUMNS, dry_run=True)
+    assert metrics["dryRun"] is True
+    assert metrics["numTargetRowsInserted"] == 2
+    assert table_version(target) == before
+    assert identity_metadata(target, "id")["delta.identity.highWaterMark"] == 1
 
 
 @pytest.mark.spark
