@@ -43,6 +43,8 @@ ALLOW_EXPLICIT_INSERT = "delta.identity.allowExplicitInsert"
 
 # Per output row a number unique within the merge (NULL on rows that draw no identity value).
 IDENTITY_SLOT_COLUMN = "__merge_identity_slot"
+_LONG_MAX = (1 << 63) - 1
+_LONG_MIN = -(1 << 63)
 # monotonically_increasing_id() keeps the row's position within its partition in its low 33 bits.
 _ROW_IN_PARTITION_MASK = (1 << 33) - 1
 
@@ -158,8 +160,19 @@ def generated_identity_value(column: IdentityColumn, field: StructField) -> Colu
     The slot (:func:`with_identity_slots`) is unique per row, so the values are unique, on the
     ``start + k * step`` lattice and beyond the old mark.
     """
-    value = F.lit(column.first_value) + F.lit(column.step) * F.col(IDENTITY_SLOT_COLUMN)
-    return value.cast(field.dataType)
+    # Delta computes with exact arithmetic (Math.addExact): a value past the BIGINT range fails the merge
+    # instead of wrapping around into values already used, whatever spark.sql.ansi.enabled says.
+    bound = _LONG_MAX if column.step > 0 else _LONG_MIN
+    last_slot = (bound - column.first_value) // column.step
+    overflow = F.raise_error(F.lit(
+        f"[ARITHMETIC_OVERFLOW] long overflow: identity column {column.name} (start {column.start}, step "
+        f"{column.step}) has no values left beyond its high-water mark {column.high_water_mark}."
+    ))
+    if last_slot < 0:
+        return overflow.cast(field.dataType)
+    slot = F.col(IDENTITY_SLOT_COLUMN)
+    value = F.lit(column.first_value) + F.lit(column.step) * slot
+    return F.when(slot <= F.lit(last_slot), value).otherwise(overflow).cast(field.dataType)
 
 
 def with_identity_slots(df: DataFrame, draws_value: Column, *, partitions: int) -> DataFrame:

@@ -19,7 +19,8 @@ import pytest
 from deltalake import write_deltalake
 
 from spark_jobs.delta_merge import pipeline
-from spark_jobs.delta_merge.errors import ConcurrentModificationError, MergeAnalysisError
+from spark_jobs.delta_merge.delta_schema import normalized_schema_json
+from spark_jobs.delta_merge.errors import CastFailureError, ConcurrentModificationError, MergeAnalysisError
 from spark_jobs.delta_merge.identity_columns import IdentityColumn, moved_high_water_mark
 from tests.delta_reader import read_rows, read_rows_with_kernel, table_version
 from tests.spark_jobs.identity_fixture import commit_high_water_mark, identity_metadata, make_identity_column
@@ -342,6 +343,24 @@ def test_a_concurrent_move_of_the_mark_fails_the_merge_without_duplicates(
     assert rows_of(target) == [(1, 1, "a")]
 
 
+@pytest.mark.spark
+@pytest.mark.parametrize("step", [1, -1])
+def test_running_out_of_bigint_values_fails_instead_of_wrapping(
+    spark: Any, tmp_path: Path, step: int
+) -> None:
+    # One value is left for two inserts. The LEGACY policy turns ANSI arithmetic off: no wrapping still.
+    mark = (1 << 63) - 2 if step > 0 else -(1 << 63) + 1
+    target = identity_table(tmp_path / "t", [(mark, 1, "a")], start=0, step=step, always=True,
+                            high_water_mark=mark)
+    before = table_version(target)
+    source = source_files(tmp_path / "s", [(2, "b"), (3, "c")])
+    with pytest.raises(CastFailureError) as raised:
+        merge(spark, target, source, UPSERT_COLUMNS, store_assignment_policy="LEGACY")
+    assert raised.value.error_class == "ARITHMETIC_OVERFLOW"
+    assert "identity column id (start 0, step" in str(raised.value)
+    assert table_version(target) == before
+
+
 # -- the mark's rule, without Spark ------------------------------------------------------------------------
 def _column(start: int, step: int, mark: int | None) -> IdentityColumn:
     return IdentityColumn("id", start, step, mark, allow_explicit_insert=True)
@@ -371,3 +390,15 @@ def test_first_value_is_one_step_beyond_the_mark_or_start() -> None:
     assert _column(10, 5, None).first_value == 10
     assert _column(10, 5, 25).first_value == 30
     assert _column(-1, -3, -7).first_value == -10
+
+
+def test_a_moved_mark_is_a_schema_change_to_the_commit_plan() -> None:
+    # plan_commit emits metaData only when delta-rs's reading of the schema differs: field metadata counts.
+    def schema(mark: int) -> str:
+        metadata = {"delta.identity.start": 1, "delta.identity.step": 1,
+                    "delta.identity.allowExplicitInsert": False, "delta.identity.highWaterMark": mark}
+        field = {"name": "id", "type": "long", "nullable": True, "metadata": metadata}
+        return json.dumps({"type": "struct", "fields": [field]})
+
+    assert normalized_schema_json(schema(3)) == normalized_schema_json(schema(3))
+    assert normalized_schema_json(schema(3)) != normalized_schema_json(schema(4))
