@@ -32,6 +32,7 @@ __all__ = [
     "generated_identity_value",
     "identity_columns",
     "inserts_generating",
+    "moved_high_water_mark",
     "with_identity_slots",
     "with_moved_high_water_marks",
 ]
@@ -63,10 +64,6 @@ class IdentityColumn:
     def first_value(self) -> int:
         """The lowest legal value in the step's direction: one step beyond the mark, or ``start``."""
         return self.start if self.high_water_mark is None else self.high_water_mark + self.step
-
-    @property
-    def generation(self) -> str:
-        return "BY DEFAULT" if self.allow_explicit_insert else "ALWAYS"
 
 
 def identity_columns(schema: StructType) -> tuple[IdentityColumn, ...]:
