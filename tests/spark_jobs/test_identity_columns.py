@@ -144,6 +144,19 @@ def test_by_default_negative_step_takes_explicit_values_and_moves_the_mark_past_
 
 
 @pytest.mark.spark
+def test_explicit_by_default_values_alone_leave_the_mark(spark: Any, tmp_path: Path) -> None:
+    # Delta tracks marks only for columns a clause generates values for: explicit values alone don't move it.
+    target = identity_table(tmp_path / "t", [(1, 1, "a")], start=1, step=1, always=False, high_water_mark=1)
+    source = source_files(tmp_path / "s", [(2, "b")])
+    sql = "MERGE INTO t USING s ON t.k = s.k WHEN NOT MATCHED THEN INSERT (id, k, v) VALUES (100, s.k, s.v)"
+    metrics = merge(spark, target, source, sql)
+
+    assert not [a for a in log_actions(target, metrics["tableVersion"]) if "metaData" in a]
+    assert identity_metadata(target, "id")["delta.identity.highWaterMark"] == 1
+    assert rows_of(target) == [(1, 1, "a"), (100, 2, "b")]
+
+
+@pytest.mark.spark
 def test_two_insert_clauses_draw_from_one_sequence(spark: Any, tmp_path: Path) -> None:
     target = identity_table(tmp_path / "t", [], start=1, step=1, always=True, high_water_mark=None)
     source = source_files(tmp_path / "s", [(k, "even" if k % 2 == 0 else "odd") for k in range(1, 7)],
