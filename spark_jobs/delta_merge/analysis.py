@@ -20,6 +20,13 @@ from spark_jobs.delta_merge.constraints import generated_columns
 from spark_jobs.delta_merge.errors import MergeAnalysisError
 from spark_jobs.delta_merge.evolution import evolve_schema
 from spark_jobs.delta_merge.expressions import column_refs, qualify_to_side, split_conjuncts
+from spark_jobs.delta_merge.identity_columns import (
+    IdentityColumn,
+    check_identity_assignments,
+    generated_identity_value,
+    identity_columns,
+    inserts_generating,
+)
 from spark_jobs.delta_merge.spec import MergeClause, MergeOptions, ParsedMerge
 from spark_jobs.delta_merge.store_assignment import find_field, store_assign
 
@@ -32,6 +39,8 @@ class ResolvedClause:
 
     :param generated: output columns the clause does not assign that are generated columns: the
         write stage computes them from their generation expressions (Delta does, for inserts and updates).
+    :param draws_identity: an INSERT clause that leaves an identity column out: each row it inserts
+        draws a new identity value.
     """
 
     when: str
@@ -39,11 +48,16 @@ class ResolvedClause:
     condition: str | None
     outputs: tuple[Column, ...] | None
     generated: frozenset[str] = frozenset()
+    draws_identity: bool = False
 
 
 @dataclass(frozen=True)
 class MergePlan:
-    """Everything the later stages need to know about the statement."""
+    """Everything the later stages need to know about the statement.
+
+    :param tracked_identity: identity columns some INSERT clause generates values for: their
+        high-water marks move with what the merge writes (Delta's trackHighWaterMarks).
+    """
 
     target_alias: str
     source_alias: str
@@ -55,6 +69,7 @@ class MergePlan:
     target_only_predicates: tuple[str, ...]
     parsed: ParsedMerge
     copy_values: tuple[Column, ...]
+    tracked_identity: tuple[str, ...] = ()
 
     @property
     def schema_changed(self) -> bool:
@@ -109,6 +124,7 @@ class _Resolver:
             parsed, target_schema, source_schema, enabled=options.schema_evolution
         )
         self.generated = set(generated_columns(target_schema))
+        self.identity = identity_columns(target_schema)
 
     # -- resolution helpers -------------------------------------------------------------------------
     def _columns_of(self, df: DataFrame) -> str:
@@ -159,6 +175,8 @@ class _Resolver:
     def resolve(self) -> MergePlan:
         condition_type = self.expr_type(self.parsed.condition, self.joined_df, "search condition")
         clauses = tuple(self._clause(c) for c in self.parsed.clauses)
+        # After resolution, as Delta's PreprocessTableMerge checks resolved clauses.
+        check_identity_assignments(self.identity, self.parsed, source_schema=self.source_schema)
         return MergePlan(
             target_alias=self.t,
             source_alias=self.s,
@@ -170,6 +188,10 @@ class _Resolver:
             target_only_predicates=self._target_only_predicates(),
             parsed=self.parsed,
             copy_values=tuple(self._target_value(f) for f in self.final_schema.fields),
+            tracked_identity=tuple(
+                column.name for column in self.identity
+                if any(inserts_generating(column, c, self.source_schema) for c in self.parsed.clauses)
+            ),
         )
 
     def _clause(self, clause: MergeClause) -> ResolvedClause:
@@ -188,7 +210,22 @@ class _Resolver:
             outputs = self._explicit(
                 clause, update=clause.action == "update", where=f"{name} clause", generated=generated
             )
-        return ResolvedClause(clause.when, clause.action, condition, outputs, frozenset(generated))
+        drawing = [c for c in self.identity if inserts_generating(c, clause, self.source_schema)]
+        if drawing and outputs is not None:
+            outputs = self._with_identity_values(outputs, drawing)
+        return ResolvedClause(
+            clause.when, clause.action, condition, outputs, frozenset(generated), draws_identity=bool(drawing)
+        )
+
+    def _with_identity_values(
+        self, outputs: tuple[Column, ...], drawing: Sequence[IdentityColumn]
+    ) -> tuple[Column, ...]:
+        by_name = {c.name.lower(): c for c in drawing}
+        return tuple(
+            generated_identity_value(by_name[f.name.lower()], f).alias(f.name)
+            if f.name.lower() in by_name else value
+            for f, value in zip(self.final_schema.fields, outputs, strict=True)
+        )
 
     def _target_value(self, field: StructField) -> Column:
         """The current target value widened to the final type (NULL for a column the merge adds)."""
@@ -228,7 +265,8 @@ class _Resolver:
                 if field.name.lower() in self.generated:
                     generated.add(field.name)
                 if (self.options.schema_evolution or find_field(self.target_schema, field.name) is None
-                        or field.name.lower() in self.generated):
+                        or field.name.lower() in self.generated
+                        or any(c.name.lower() == field.name.lower() for c in self.identity)):
                     value = self._target_value(field) if update else F.lit(None).cast(field.dataType)
                     outputs.append(value.alias(field.name))
                     continue

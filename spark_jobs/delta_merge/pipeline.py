@@ -21,6 +21,7 @@ from spark_jobs.delta_merge.executor import MergeOutcome, execute_merge
 from spark_jobs.delta_merge.expectations import check_expectations
 from spark_jobs.delta_merge.files import LiveFile
 from spark_jobs.delta_merge.idempotency import applied_metrics
+from spark_jobs.delta_merge.identity_columns import with_moved_high_water_marks
 from spark_jobs.delta_merge.metrics import MergeMetrics
 from spark_jobs.delta_merge.snapshot import TargetSnapshot, load_snapshot
 from spark_jobs.delta_merge.source import (
@@ -199,12 +200,16 @@ def _commit(
     metrics: MergeMetrics,
 ) -> MergeMetrics:
     """Commit under Delta's conflict rules; a concurrent commit of the same app transaction wins."""
+    # Moved identity high-water marks are a schema change committed with the data, as in Delta.
+    final_schema = with_moved_high_water_marks(
+        plan.final_schema, plan.tracked_identity, outcome.adds, table_uri=snapshot.table_uri
+    )
     commit_plan = plan_commit(
         snapshot,
         removes=outcome.removes,
         adds=outcome.adds,
         change_files=outcome.change_files,
-        new_schema=plan.final_schema if plan.schema_changed else None,
+        new_schema=final_schema if final_schema != plan.target_schema else None,
         operation_parameters=_operation_parameters(plan),
         operation_metrics=metrics.operation_metrics(),
         app_transaction=_app_transaction(spec),

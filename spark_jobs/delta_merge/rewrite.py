@@ -15,6 +15,7 @@ from pyspark.sql import functions as F
 
 from spark_jobs.delta_merge.analysis import MergePlan, ResolvedClause
 from spark_jobs.delta_merge.constraints import VIOLATION_COLUMN, apply_constraints
+from spark_jobs.delta_merge.identity_columns import with_identity_slots
 from spark_jobs.delta_merge.table_features import TableConstraints
 
 __all__ = [
@@ -101,6 +102,10 @@ def _outputs(
     with ``preimage``, also the target row as it was (``copy_values``) as :data:`PREIMAGE_PREFIX` columns;
     ``carried`` columns of the frame pass through unchanged."""
     clause_col = F.col(_CLAUSE_COLUMN)
+    drawing = [index for index, clause in enumerate(plan.clauses) if clause.draws_identity]
+    if drawing:
+        partitions = int(df.sparkSession.conf.get("spark.sql.shuffle.partitions") or "200")
+        df = with_identity_slots(df, clause_col.isin(drawing), partitions=partitions)
     columns: list[Column] = []
     for position, field in enumerate(plan.final_schema.fields):
         value: Column | None = None

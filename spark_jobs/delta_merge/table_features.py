@@ -34,6 +34,8 @@ __all__ = [
 # inCommitTimestamp: commitInfo carries a monotonic inCommitTimestamp (commit). clustering: merges write
 # unclustered files (no clusteringProvider) with stats on the clustering columns, and leave the
 # delta.clustering domain as it is.
+# identityColumns: inserts draw new values beyond the high-water mark, which moves in the merge's own
+# commit; explicit values and updates are refused as Delta does (identity_columns).
 SUPPORTED_FEATURES = frozenset(
     {
         "appendOnly",
@@ -49,10 +51,11 @@ SUPPORTED_FEATURES = frozenset(
         "rowTracking",
         "inCommitTimestamp",
         "clustering",
+        "identityColumns",
     }
 )
 # Supported only while unused: checked against files, properties and the schema below.
-_CONDITIONAL_FEATURES = frozenset({"columnMapping", "identityColumns"})
+_CONDITIONAL_FEATURES = frozenset({"columnMapping"})
 _PROTOCOL = "protocol"
 CLUSTERING_DOMAIN = "delta.clustering"
 _APPEND_ONLY = "appendOnly"
@@ -168,16 +171,6 @@ def _problems(snapshot: TargetSnapshot, *, removes_files: bool) -> Iterator[tupl
         yield "columnMapping", (
             f"columnMapping (delta.columnMapping.mode={mode}): Parquet columns have physical names the "
             "job does not translate. Only tables without column mapping are supported."
-        )
-    identity = [
-        ".".join(p)
-        for p, f in _struct_fields(snapshot.schema)
-        if any(k.startswith("delta.identity.") for k in f.metadata)
-    ]
-    if identity:
-        yield "identityColumns", (
-            f"identityColumns ({', '.join(identity)}): inserts must draw new identity values and move the "
-            "high-water mark, which this job does not do."
         )
     if removes_files and config.get("delta.appendonly", "false").lower() == "true":
         yield _APPEND_ONLY, (

@@ -208,6 +208,24 @@ def _merge(
     return trigger
 
 
+def _identity_merge(sql: str, source: pa.Table, *, always: bool) -> Callable[[Context], object]:
+    """A merge into the usual target whose ``id`` is an identity column (ALWAYS or BY DEFAULT)."""
+
+    def trigger(ctx: Context) -> object:
+        from spark_jobs.delta_merge import run_merge
+        from tests.spark_jobs.identity_fixture import make_identity_column
+
+        target_path, source_path = ctx.root / "t", ctx.root / "s"
+        write_deltalake(target_path, _kv((1, 1, "a"), (2, 2, "b")))
+        make_identity_column(target_path, "id", always=always, high_water_mark=2)
+        source_path.mkdir()
+        pq.write_table(source, source_path / "part-0.parquet")
+        spec = {"target": {"uri": str(target_path)}, "source": {"uri": str(source_path)}, "merge_sql": sql}
+        return run_merge(ctx.spark, spec)
+
+    return trigger
+
+
 def _kv(*rows: tuple[Any, ...], schema: pa.Schema = KV) -> pa.Table:
     return pa.Table.from_pylist([dict(zip(schema.names, r, strict=True)) for r in rows], schema=schema)
 
@@ -371,6 +389,12 @@ ROWS: list[Row] = [
         _merge(UPSERT, _kv((1, {"a": 1, "b": 2}), schema=STRUCT_AB),
                target=_kv((1, {"a": 0}), schema=STRUCT_A)),
         ("Cannot cast ", "All nested columns must match."), spark=True),
+    Row("DELTA_IDENTITY_COLUMNS_EXPLICIT_INSERT_NOT_SUPPORTED",
+        _identity_merge(ON + "WHEN NOT MATCHED THEN INSERT *", _kv((3, 3, "c")), always=True),
+        ("Providing values for GENERATED ALWAYS AS IDENTITY column id is not supported.",), spark=True),
+    Row("DELTA_IDENTITY_COLUMNS_UPDATE_NOT_SUPPORTED",
+        _identity_merge(ON + "WHEN MATCHED THEN UPDATE SET id = s.id + 10", _kv((1, 3, "c")), always=False),
+        ("IDENTITY column id cannot be updated.",), spark=True),
     Row("DELTA_MERGE_ADD_VOID_COLUMN",
         _merge(UPSERT, _kv((3, 3, "c")), schema_evolution=True,
                source_query="SELECT *, NULL AS extra FROM parquet.`{source}`"),

@@ -95,6 +95,16 @@ def test_conditional_features_are_fine_while_unused() -> None:
     check_writable(snapshot, removes_files=True)
 
 
+def test_identity_columns_are_writable() -> None:
+    # Inserts draw values beyond the high-water mark (identity_columns); writer version 6 implies the feature.
+    identity = {
+        "delta.identity.start": 1, "delta.identity.step": 1, "delta.identity.allowExplicitInsert": False,
+    }
+    for protocol in (_features("identityColumns"), TableProtocol(1, 6)):
+        snapshot = _snapshot(protocol=protocol, fields=[_field("id", metadata=identity)], files=(_file("a"),))
+        check_writable(snapshot, removes_files=True)
+
+
 def test_files_with_deletion_vectors_are_rewritten_not_refused() -> None:
     # Copy-on-write: the scan leaves deleted rows out and the remove carries the descriptor.
     config = {"delta.enableDeletionVectors": "true"}
@@ -111,10 +121,6 @@ def test_files_with_deletion_vectors_are_rewritten_not_refused() -> None:
         (
             {"configuration": {"delta.columnMapping.mode": "name"}},
             "columnMapping (delta.columnMapping.mode=name)",
-        ),
-        (
-            {"fields": [_field("id", metadata={"delta.identity.start": 1, "delta.identity.step": 1})]},
-            "identityColumns (id)",
         ),
         ({"protocol": _features("typeWidening")}, "typeWidening: older files may hold narrower types"),
         (
