@@ -16,6 +16,7 @@ import pyarrow as pa
 from deltalake.exceptions import DeltaError, TableNotFoundError
 from pyspark.sql.types import StructType
 
+from spark_jobs.delta_merge.column_mapping import mapping_mode, partition_keys
 from spark_jobs.delta_merge.deletion_vectors import DeletionVector, log_deletion_vectors
 from spark_jobs.delta_merge.delta_schema import spark_schema_from_delta
 from spark_jobs.delta_merge.errors import MergeAnalysisError, MergeExecutionError
@@ -47,7 +48,8 @@ class TargetSnapshot:
     :param configuration: the table properties (``metaData.configuration``).
     :param files: the live ``add`` actions. Partition values are the log's strings for strings,
         numbers, booleans and dates; timestamps are rendered ``YYYY-MM-DD HH:MM:SS.ffffff`` in UTC
-        (delta-rs only exposes parsed partition values).
+        (delta-rs only exposes parsed partition values). Keys are the log's: physical names in
+        column-mapped tables (see column_mapping.partition_keys), as are the stats' keys.
     :param storage_options: how to reach the table's store (to read deletion vectors).
     """
 
@@ -92,7 +94,9 @@ def load_snapshot(
     schema = spark_schema_from_delta(schema_json)
     partition_columns = tuple(metadata.partition_columns)
     table_uri = table.table_uri.rstrip("/")
-    files = tuple(_live_file(row, partition_columns, vectors) for row in actions.to_pylist())
+    # deltalake gives partition values by logical name; the log (and every LiveFile) keys them physically.
+    keys = partition_keys(schema, partition_columns, mapping_mode(metadata.configuration))
+    files = tuple(_live_file(row, keys, vectors) for row in actions.to_pylist())
     return TargetSnapshot(
         table_uri=table_uri,
         version=table.version(),
@@ -228,14 +232,14 @@ def _deletion_vectors(
 
 
 def _live_file(
-    row: Mapping[str, Any], partition_columns: tuple[str, ...], vectors: Mapping[str, DeletionVector]
+    row: Mapping[str, Any], partition_keys: Mapping[str, str], vectors: Mapping[str, DeletionVector]
 ) -> LiveFile:
     partition = row.get("partition") or {}
     path = str(row["path"])
     return LiveFile(
         path=path,
         size=int(row["size_bytes"]),
-        partition_values={c: _partition_string(partition.get(c)) for c in partition_columns},
+        partition_values={key: _partition_string(partition.get(c)) for c, key in partition_keys.items()},
         stats=_file_stats(row),
         modification_time=int(row["modification_time"]),
         deletion_vector=vectors.get(path),

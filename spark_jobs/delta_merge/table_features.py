@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from pyspark.sql.types import StructField, StructType
 
+from spark_jobs.delta_merge.column_mapping import MODES
 from spark_jobs.delta_merge.errors import MergeAnalysisError, UnsupportedTableFeatureError
 from spark_jobs.delta_merge.snapshot import TargetSnapshot
 
@@ -26,9 +27,11 @@ __all__ = [
 # deletionVectors: files carrying one are read without their deleted rows and, when rewritten, removed with
 # their descriptor; merges always rewrite (copy-on-write) and never write new vectors, whatever
 # delta.enableDeletionVectors says (Delta's own writers may, too: the property only permits them).
+# columnMapping: files are read by physical name or field id and written with both (column_mapping.py).
 SUPPORTED_FEATURES = frozenset(
     {
         "appendOnly",
+        "columnMapping",
         "changeDataFeed",
         "deletionVectors",
         "invariants",
@@ -41,7 +44,7 @@ SUPPORTED_FEATURES = frozenset(
     }
 )
 # Supported only while unused: checked against files, properties and the schema below.
-_CONDITIONAL_FEATURES = frozenset({"columnMapping", "identityColumns"})
+_CONDITIONAL_FEATURES = frozenset({"identityColumns"})
 _PROTOCOL = "protocol"
 _APPEND_ONLY = "appendOnly"
 # How Delta's messages name the writer ("... unsupported by Delta Lake "<version>"").
@@ -158,10 +161,10 @@ def _problems(snapshot: TargetSnapshot, *, removes_files: bool) -> Iterator[tupl
             "newer than Delta's reader 3 / writer 7, whose rules this job knows."
         )
     mode = config.get("delta.columnmapping.mode", "none").lower()
-    if mode != "none":
+    if mode not in MODES:
         yield "columnMapping", (
-            f"columnMapping (delta.columnMapping.mode={mode}): Parquet columns have physical names the "
-            "job does not translate. Only tables without column mapping are supported."
+            f"columnMapping (delta.columnMapping.mode={mode}): not one of {', '.join(MODES)}, the modes "
+            "Delta defines; fix the table property."
         )
     identity = [
         ".".join(p)
