@@ -28,6 +28,10 @@ from spark_jobs.delta_merge.column_mapping import (
     physical_arrow_schema,
     physical_read_schema,
 )
+from spark_jobs.delta_merge.conflicts import added_file
+from spark_jobs.delta_merge.data_skipping import prune_files
+from spark_jobs.delta_merge.files import LiveFile
+from spark_jobs.delta_merge.snapshot import load_snapshot
 from tests.delta_reader import read_rows, read_rows_with_kernel, table_version
 from tests.spark_jobs.test_pipeline import (
     check_commit,
@@ -332,6 +336,8 @@ def test_change_data_files_use_physical_names(spark: Any, tmp_path: Path) -> Non
     metrics = merge(spark, target, source, UPSERT)
 
     assert table_rows(target, partition_columns=["p"]) == [(1, "a", "x"), (2, "B", "x"), (3, "C", "x")]
+    # Read from the files: deltalake 1.6.6's load_cdf refuses column-mapped tables ("Column mapping is not
+    # supported for read operation 'CHANGE DATA FEED scans' yet").
     commit = log_actions(target, metrics["tableVersion"])
     cdc = [a["cdc"] for a in commit if "cdc" in a]
     assert cdc
@@ -428,3 +434,50 @@ def test_arrow_and_spark_read_schemas_carry_physical_names_and_ids() -> None:
     assert by_id["col-1"].metadata == {"parquet.field.id": 1}
     assert by_id["col-2"].dataType.elementType["col-3"].metadata == {"parquet.field.id": 3}  # type: ignore[attr-defined]
     assert physical_read_schema(schema, "none") is schema
+
+
+def test_a_rewrite_that_only_copies_rows_commits_an_empty_physical_change_data_file(
+    spark: Any, tmp_path: Path
+) -> None:
+    schema = pa.schema([("id", pa.int64()), ("my v", pa.string()), ("p", pa.string())])
+    target = mapped_table(tmp_path / "t", pa.Table.from_pylist([
+        {"id": 1, "my v": "a", "p": "x"}, {"id": 2, "my v": "b", "p": "x"},
+    ], schema=schema), "name", partition_by=["p"], configuration={"delta.enableChangeDataFeed": "true"})
+    source = parquet_source(
+        tmp_path / "s", pa.Table.from_pylist([{"id": 2, "my v": "B", "p": "x"}], schema=schema))
+
+    metrics = merge(spark, target, source, """MERGE INTO t USING s ON t.id = s.id
+        WHEN MATCHED AND s.`my v` = 'never' THEN UPDATE SET *
+        WHEN NOT MATCHED BY SOURCE AND t.id > 5 THEN DELETE""")
+
+    assert table_rows(target, partition_columns=["p"]) == [(1, "a", "x"), (2, "b", "x")]
+    assert row_metrics(metrics) == expected_rows(numSourceRows=1, numTargetRowsCopied=2)
+    cdc = [a["cdc"] for a in log_actions(target, metrics["tableVersion"]) if "cdc" in a]
+    assert len(cdc) == 1
+    assert pq.read_metadata(target / unquote(cdc[0]["path"])).num_rows == 0
+    check_physical_files(target, metrics["tableVersion"], partition_columns=["p"])
+
+
+def test_concurrent_adds_are_checked_against_the_read_by_their_physical_keys(
+    spark: Any, tmp_path: Path
+) -> None:
+    # The conflict check (conflicts.added_file, then prune_files) takes a winning commit's add as logged.
+    schema = pa.schema([("the id", pa.int64()), ("part col", pa.string())])
+    rows = pa.Table.from_pylist([{"the id": 1, "part col": "x"}], schema=schema)
+    target = mapped_table(tmp_path / "t", rows, "name", partition_by=["part col"])
+    mapping = mapping_of(schema_fields(target))
+    part_key, id_key = mapping["part col"][0], mapping["the id"][0]
+
+    def concurrent_add(path: str, part: str, low: int, high: int) -> LiveFile:
+        stats = {"numRecords": 2, "minValues": {id_key: low}, "maxValues": {id_key: high},
+                 "nullCount": {id_key: 0}}
+        return added_file({"path": path, "size": 1, "partitionValues": {part_key: part},
+                           "modificationTime": 1, "stats": json.dumps(stats)})
+
+    files = [concurrent_add("in.parquet", "x", 5, 9), concurrent_add("other-partition.parquet", "y", 5, 9),
+             concurrent_add("below.parquet", "x", 1, 2)]
+
+    kept = prune_files(spark, load_snapshot(str(target)), files,
+                       predicates=["t.`part col` = 'x'", "t.`the id` >= 5"], target_alias="t")
+
+    assert [f.path for f in kept] == ["in.parquet"]
