@@ -481,3 +481,21 @@ def test_concurrent_adds_are_checked_against_the_read_by_their_physical_keys(
                        predicates=["t.`part col` = 'x'", "t.`the id` >= 5"], target_alias="t")
 
     assert [f.path for f in kept] == ["in.parquet"]
+
+
+def test_a_column_mapped_delta_source_is_read_by_logical_names(spark: Any, tmp_path: Path) -> None:
+    source_schema = pa.schema([("id", pa.int64()), ("v", pa.string()), ("pt", POINT)])
+    source = mapped_table(tmp_path / "s", pa.Table.from_pylist([
+        {"id": 2, "v": "B", "pt": {"x": 2, "y": "b"}}, {"id": 3, "v": "C", "pt": {"x": 3, "y": "c"}},
+    ], schema=source_schema), "id")
+    target = tmp_path / "t"
+    kv_schema = pa.schema([("id", pa.int64()), ("v", pa.string())])
+    rows = pa.Table.from_pylist([{"id": 1, "v": "a"}, {"id": 2, "v": "b"}], schema=kv_schema)
+    write_deltalake(str(target), rows)
+
+    merge(spark, target, {"uri": str(source), "format": "delta"}, UPSERT, schema_evolution=True)
+
+    assert table_rows(target) == [(1, "a", None), (2, "B", {"x": 2, "y": "b"}), (3, "C", {"x": 3, "y": "c"})]
+    # The source's ids and physical names are no business of a target without column mapping.
+    assert "delta.columnMapping" not in DeltaTable(str(target)).schema().to_json()
+    assert "parquet.field.id" not in DeltaTable(str(target)).schema().to_json()
