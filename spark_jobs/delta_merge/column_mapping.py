@@ -192,9 +192,12 @@ def _field(struct: DataType | None, name: str) -> StructField | None:
 def _assigned(field: StructField, old: StructField | None, counter: list[int]) -> StructField:
     # A column-mapped source read in id mode carries Spark's field ids: they are no table metadata.
     metadata = {k: v for k, v in field.metadata.items() if k != _SPARK_FIELD_ID_KEY}
-    if old is not None and _ID_KEY in old.metadata:
-        metadata[_ID_KEY] = old.metadata[_ID_KEY]
-        metadata[_PHYSICAL_NAME_KEY] = old.metadata[_PHYSICAL_NAME_KEY]
+    if old is not None:
+        # An existing column's files already use its mapping (or, lacking one, its name): keep it.
+        for key in (_ID_KEY, _PHYSICAL_NAME_KEY):
+            metadata.pop(key, None)
+            if key in old.metadata:
+                metadata[key] = old.metadata[key]
     else:
         counter[0] += 1
         metadata[_ID_KEY] = counter[0]
