@@ -50,10 +50,12 @@ WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *"""
 PHYSICAL = re.compile(r"^col-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 POINT = pa.struct([("x", pa.int64()), ("y", pa.string())])
 # Logical names a Parquet column name could not be in a table without column mapping (space, comma,
-# parentheses, braces, equals sign), next to a struct, an array of structs and a partition column.
+# parentheses, braces, equals sign), next to a struct, an array and a map of structs and a partition
+# column.
 WIDE = pa.schema([
     ("id", pa.int64()), ("my col (1)", pa.string()), ("a,b={c}", pa.int32()), ("pt", POINT),
-    ("tags", pa.list_(pa.struct([("k", pa.string())]))), ("p", pa.string()),
+    ("tags", pa.list_(pa.struct([("k", pa.string())]))),
+    ("attrs", pa.map_(pa.string(), pa.struct([("n", pa.int64())]))), ("p", pa.string()),
 ])
 
 
@@ -116,6 +118,8 @@ def parquet_ids(schema: pa.Schema) -> dict[str, int]:
                 visit(name + ".", field.type.field(i))
         elif pa.types.is_list(field.type):
             visit(prefix, field.type.value_field.with_name(field.name))
+        elif pa.types.is_map(field.type):
+            visit(prefix, field.type.item_field.with_name(field.name))
 
     for field in schema:
         visit("", field)
@@ -191,21 +195,21 @@ def test_upsert_reads_and_writes_physical_columns_at_every_level(
     spark: Any, tmp_path: Path, mode: str
 ) -> None:
     target = mapped_table(tmp_path / "t", wide([
-        (1, "a", 10, {"x": 1, "y": "p"}, [{"k": "u"}], "one"),
-        (2, "b", 20, {"x": 2, "y": "q"}, [], "two"),
+        (1, "a", 10, {"x": 1, "y": "p"}, [{"k": "u"}], [("m", {"n": 1})], "one"),
+        (2, "b", 20, {"x": 2, "y": "q"}, [], None, "two"),
     ]), mode, partition_by=["p"])
     source = parquet_source(tmp_path / "s", wide([
-        (2, "B", 21, {"x": 22, "y": "Q"}, [{"k": "v"}, {"k": "w"}], "two"),
-        (3, "C", 30, {"x": 3, "y": "r"}, None, "one"),
+        (2, "B", 21, {"x": 22, "y": "Q"}, [{"k": "v"}, {"k": "w"}], [("m", {"n": 2})], "two"),
+        (3, "C", 30, {"x": 3, "y": "r"}, None, [], "one"),
     ]))
     before = live_files(target)
 
     metrics = merge(spark, target, source, UPSERT)
 
     assert table_rows(target, partition_columns=["p"]) == sorted([
-        (1, "a", 10, {"x": 1, "y": "p"}, [{"k": "u"}], "one"),
-        (2, "B", 21, {"x": 22, "y": "Q"}, [{"k": "v"}, {"k": "w"}], "two"),
-        (3, "C", 30, {"x": 3, "y": "r"}, None, "one"),
+        (1, "a", 10, {"x": 1, "y": "p"}, [{"k": "u"}], [("m", {"n": 1})], "one"),
+        (2, "B", 21, {"x": 22, "y": "Q"}, [{"k": "v"}, {"k": "w"}], [("m", {"n": 2})], "two"),
+        (3, "C", 30, {"x": 3, "y": "r"}, None, [], "one"),
     ], key=repr)
     assert row_metrics(metrics) == expected_rows(
         numSourceRows=2, numTargetRowsMatchedUpdated=1, numTargetRowsInserted=1)
@@ -218,9 +222,9 @@ def test_upsert_reads_and_writes_physical_columns_at_every_level(
 
     # A second merge reads the files the first wrote: their partition values and stats (physical keys,
     # read back through deltalake) prune the partition 'two' file and deltalake's file of id 1.
-    delete = merge(spark, target, parquet_source(tmp_path / "s2", wide([(3, "", 0, None, None, "one")])),
-                   "MERGE INTO t USING s ON t.id = s.id AND t.p = 'one' AND t.id >= 3 "
-                   "WHEN MATCHED THEN DELETE")
+    deleted = parquet_source(tmp_path / "s2", wide([(3, "", 0, None, None, None, "one")]))
+    on = "t.id = s.id AND t.p = 'one' AND t.id >= 3"
+    delete = merge(spark, target, deleted, f"MERGE INTO t USING s ON {on} WHEN MATCHED THEN DELETE")
 
     assert (delete["numTargetFilesBeforeSkipping"], delete["numTargetFilesAfterSkipping"]) == (3, 1)
     assert [r[0] for r in table_rows(target, partition_columns=["p"])] == [1, 2]
