@@ -521,3 +521,18 @@ def test_a_column_mapped_delta_source_is_read_by_logical_names(spark: Any, tmp_p
     # The source's ids and physical names are no business of a target without column mapping.
     assert "delta.columnMapping" not in DeltaTable(str(target)).schema().to_json()
     assert "parquet.field.id" not in DeltaTable(str(target)).schema().to_json()
+
+
+def test_insert_only_merge_appends_physical_files(spark: Any, tmp_path: Path) -> None:
+    schema = pa.schema([("id", pa.int64()), ("my v", pa.string()), ("p", pa.string())])
+    rows = pa.Table.from_pylist([{"id": 1, "my v": "a", "p": "x"}], schema=schema)
+    target = mapped_table(tmp_path / "t", rows, "name", partition_by=["p"])
+    source = parquet_source(tmp_path / "s", pa.Table.from_pylist(
+        [{"id": 1, "my v": "A", "p": "x"}, {"id": 2, "my v": "b", "p": "y"}], schema=schema))
+
+    insert_new = "MERGE INTO t USING s ON t.id = s.id WHEN NOT MATCHED THEN INSERT *"
+    metrics = merge(spark, target, source, insert_new)
+
+    assert row_metrics(metrics) == expected_rows(numSourceRows=2, numTargetRowsInserted=1)
+    assert table_rows(target, partition_columns=["p"]) == [(1, "a", "x"), (2, "b", "y")]
+    check_physical_files(target, metrics["tableVersion"], partition_columns=["p"])
