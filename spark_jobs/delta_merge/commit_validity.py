@@ -19,6 +19,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from pyspark.sql.types import StructType
 
+from spark_jobs.delta_merge.column_mapping import mapping_mode, partition_keys, physical_arrow_schema
 from spark_jobs.delta_merge.errors import MergeExecutionError
 from spark_jobs.delta_merge.files import LiveFile, WrittenFile
 from spark_jobs.delta_merge.row_tracking import row_tracking
@@ -46,7 +47,10 @@ def check_commit_files(
     problems += [f"adds {path!r}, {reason}" for path, reason in misplaced.items()]
     placed = [f for f in adds if f.path not in misplaced]
     if placed:
-        expected = pa.schema([f for f in arrow_schema(schema) if f.name not in snapshot.partition_columns])
+        mode = mapping_mode(snapshot.configuration)
+        keys = set(partition_keys(schema, snapshot.partition_columns, mode).values())
+        expected = pa.schema([f for f in physical_arrow_schema(schema, arrow_schema(schema), mode)
+                              if f.name not in keys])
         # Row tracking's materialized columns are in the files but not in the schema.
         tracking = row_tracking(snapshot)
         hidden = frozenset(tracking.materialized_columns if tracking is not None else ())
@@ -71,7 +75,8 @@ def _action_problems(
     added = [f.path for f in adds]
     if len(set(added)) != len(added) or set(added) & live:
         yield "adds a path twice or a path that is already live"
-    expected = set(snapshot.partition_columns)
+    expected = set(partition_keys(snapshot.schema, snapshot.partition_columns,
+                                  mapping_mode(snapshot.configuration)).values())
     if bad := [f.path for f in adds if set(f.partition_values) != expected]:
         yield f"adds files whose partition values do not name {sorted(expected)}: {bad[:_SHOWN]}"
 

@@ -22,6 +22,7 @@ from pyspark.sql.types import (
 )
 from sqlglot import exp
 
+from spark_jobs.delta_merge.column_mapping import mapping_mode, partition_keys, physical_name
 from spark_jobs.delta_merge.expressions import parse_expression, render
 from spark_jobs.delta_merge.files import LiveFile
 from spark_jobs.delta_merge.partition_values import parse_partition_value
@@ -165,15 +166,20 @@ def prune_files(
     for index, _field in rewriter.stats.values():
         fields += [StructField(f"__min_{index}", StringType()), StructField(f"__max_{index}", StringType()),
                    StructField(f"__nulls_{index}", LongType())]
+    # Partition values and stats are keyed as in the log: by physical name in column-mapped tables.
+    mode = mapping_mode(snapshot.configuration)
+    keys = partition_keys(schema, part_names, mode)
     rows = []
     for position, live in enumerate(files):
         stats = live.stats
         row: list[Any] = [position, stats.num_records if stats else None]
-        row += [parse_partition_value(live.partition_values.get(c), schema[c].dataType) for c in part_names]
+        row += [parse_partition_value(live.partition_values.get(keys[c]), schema[c].dataType)
+                for c in part_names]
         for _index, field in rewriter.stats.values():
-            nulls = _stat_value(stats.null_count if stats else None, field.name)
-            row += [_stat_value(stats.min_values if stats else None, field.name),
-                    _stat_value(stats.max_values if stats else None, field.name),
+            name = physical_name(field, mode)
+            nulls = _stat_value(stats.null_count if stats else None, name)
+            row += [_stat_value(stats.min_values if stats else None, name),
+                    _stat_value(stats.max_values if stats else None, name),
                     int(nulls) if nulls is not None else None]
         rows.append(tuple(row))
     df = spark.createDataFrame(rows, StructType(fields))
@@ -191,5 +197,6 @@ def partition_count(files: Sequence[LiveFile], partition_columns: Sequence[str])
     """Distinct partitions among ``files`` (0 for an unpartitioned table, as Delta reports)."""
     if not partition_columns:
         return 0
-    return len({tuple(f.partition_values.get(c) for c in partition_columns) for f in files})
+    # By the files' own keys: they are physical names in column-mapped tables.
+    return len({tuple(sorted(f.partition_values.items())) for f in files})
 

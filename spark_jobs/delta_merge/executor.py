@@ -14,6 +14,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StructField, StructType
 
 from spark_jobs.delta_merge.analysis import MergePlan
+from spark_jobs.delta_merge.column_mapping import mapping_mode
 from spark_jobs.delta_merge.data_skipping import partition_count, prune_files
 from spark_jobs.delta_merge.errors import ConstraintViolationError, spark_failure
 from spark_jobs.delta_merge.files import LiveFile, WrittenFile
@@ -125,6 +126,7 @@ def _write(
             target_file_size=target_file_size,
             num_indexed_cols=int(snapshot.configuration.get("delta.dataSkippingNumIndexedCols", "32")),
             job_description=description,
+            column_mapping_mode=mapping_mode(snapshot.configuration),
             **changes,
         )
     return dict(outcome.rows_by_code), tuple(outcome.files), outcome.change_files
@@ -167,7 +169,7 @@ def _file_metrics(
         "numTargetPartitionsRemovedFrom": partition_count(removes, parts),
         "numTargetFilesAdded": len(adds),
         "numTargetBytesAdded": sum(f.size for f in adds),
-        "numTargetPartitionsAddedTo": len({tuple(f.partition_values.get(c) for c in parts) for f in adds})
+        "numTargetPartitionsAddedTo": len({tuple(sorted(f.partition_values.items())) for f in adds})
         if parts else 0,
     }
 
@@ -266,6 +268,7 @@ def _classic(
         change_files = (write_empty_change_file(
             table_root=snapshot.table_uri, schema=plan.final_schema,
             partition_columns=snapshot.partition_columns, partition_values=removes[0].partition_values,
+            column_mapping_mode=mapping_mode(snapshot.configuration),
         ),)
     if touched.extra_matches and not deduplicate:
         # Only a single unconditional DELETE allows multiple matches: the rewrite joined each deleted target

@@ -13,6 +13,7 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 from spark_jobs.delta_merge.analysis import MergePlan, resolve_merge
+from spark_jobs.delta_merge.column_mapping import map_new_fields, max_column_id_update
 from spark_jobs.delta_merge.commit import plan_commit
 from spark_jobs.delta_merge.conflicts import ReadSet
 from spark_jobs.delta_merge.data_skipping import prune_files
@@ -68,6 +69,9 @@ def _merge_confs(spark: SparkSession, spec: MergeSpec) -> dict[str, str]:
         "spark.sql.sources.parallelPartitionDiscovery.threshold": "1000000",
         "spark.sql.ansi.enabled": "false" if spec.options.store_assignment_policy == "LEGACY" else "true",
         "spark.sql.storeAssignmentPolicy": spec.options.store_assignment_policy,
+        # Column mapping's id mode: files are read by Parquet field id (column_mapping.physical_read_schema
+        # asks for ids only in that mode; without ids in the read schema, Spark matches names as before).
+        "spark.sql.parquet.fieldId.read.enabled": "true",
     }
     return confs
 
@@ -162,6 +166,9 @@ def _run_attempt(
         spark, parsed, target_schema=snapshot.schema, source_schema=source_read.df.schema,
         options=spec.options,
     )
+    # New columns of a column-mapped table need their physical names before anything is written.
+    mapped = map_new_fields(snapshot.configuration, snapshot.schema, plan.final_schema)
+    plan = replace(plan, final_schema=mapped)
     source = materialize_source(
         source_read, columns=plan.source_columns, options=spec.options, insert_only=parsed.is_insert_only,
         attempt=attempt,
@@ -210,6 +217,7 @@ def _commit(
         adds=outcome.adds,
         change_files=outcome.change_files,
         new_schema=final_schema if final_schema != plan.target_schema else None,
+        configuration_updates=max_column_id_update(snapshot.configuration, final_schema),
         operation_parameters=_operation_parameters(plan),
         operation_metrics=metrics.operation_metrics(),
         app_transaction=_app_transaction(spec),

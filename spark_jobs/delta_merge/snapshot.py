@@ -17,6 +17,7 @@ from deltalake.exceptions import DeltaError, TableNotFoundError
 from deltalake.table import ProtocolVersions
 from pyspark.sql.types import StructType
 
+from spark_jobs.delta_merge.column_mapping import mapping_mode, partition_keys
 from spark_jobs.delta_merge.delta_log import LogState, replay_log
 from spark_jobs.delta_merge.delta_schema import spark_schema_from_delta
 from spark_jobs.delta_merge.errors import MergeAnalysisError, MergeExecutionError
@@ -48,7 +49,8 @@ class TargetSnapshot:
     :param configuration: the table properties (``metaData.configuration``).
     :param files: the live ``add`` actions. Partition values are the log's strings for strings,
         numbers, booleans and dates; timestamps are rendered ``YYYY-MM-DD HH:MM:SS.ffffff`` in UTC
-        (delta-rs only exposes parsed partition values).
+        (delta-rs only exposes parsed partition values). Keys are the log's: physical names in
+        column-mapped tables (see column_mapping.partition_keys), as are the stats' keys.
     :param storage_options: how to reach the table's store (to read deletion vectors).
     :param domains: the live ``domainMetadata`` configurations (JSON strings) by domain.
     :param in_commit_timestamp: the version's ``commitInfo.inCommitTimestamp``, if it has one.
@@ -97,7 +99,9 @@ def load_snapshot(
     schema = spark_schema_from_delta(schema_json)
     partition_columns = tuple(metadata.partition_columns)
     table_uri = table.table_uri.rstrip("/")
-    files = tuple(_live_file(row, partition_columns, log_state) for row in actions.to_pylist())
+    # deltalake gives partition values by logical name; the log (and every LiveFile) keys them physically.
+    keys = partition_keys(schema, partition_columns, mapping_mode(metadata.configuration))
+    files = tuple(_live_file(row, keys, log_state) for row in actions.to_pylist())
     return TargetSnapshot(
         table_uri=table_uri,
         version=table.version(),
@@ -233,14 +237,14 @@ def _log_state(
         ) from exc
 
 
-def _live_file(row: Mapping[str, Any], partition_columns: tuple[str, ...], log_state: LogState) -> LiveFile:
+def _live_file(row: Mapping[str, Any], partition_keys: Mapping[str, str], log_state: LogState) -> LiveFile:
     partition = row.get("partition") or {}
     path = str(row["path"])
     extra = log_state.files.get(path)
     return LiveFile(
         path=path,
         size=int(row["size_bytes"]),
-        partition_values={c: _partition_string(partition.get(c)) for c in partition_columns},
+        partition_values={key: _partition_string(partition.get(c)) for c, key in partition_keys.items()},
         stats=_file_stats(row),
         modification_time=int(row["modification_time"]),
         deletion_vector=extra.deletion_vector if extra else None,

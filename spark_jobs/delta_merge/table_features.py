@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from pyspark.sql.types import StructField, StructType
 
+from spark_jobs.delta_merge.column_mapping import MODES
 from spark_jobs.delta_merge.errors import MergeAnalysisError, UnsupportedTableFeatureError
 from spark_jobs.delta_merge.file_stats import indexed_leaves
 from spark_jobs.delta_merge.row_tracking import row_tracking
@@ -36,9 +37,11 @@ __all__ = [
 # delta.clustering domain as it is.
 # identityColumns: inserts draw new values beyond the high-water mark, which moves in the merge's own
 # commit; explicit values and updates are refused as Delta does (identity_columns).
+# columnMapping: files are read by physical name or field id and written with both (column_mapping.py).
 SUPPORTED_FEATURES = frozenset(
     {
         "appendOnly",
+        "columnMapping",
         "changeDataFeed",
         "deletionVectors",
         "invariants",
@@ -54,8 +57,6 @@ SUPPORTED_FEATURES = frozenset(
         "identityColumns",
     }
 )
-# Supported only while unused: checked against files, properties and the schema below.
-_CONDITIONAL_FEATURES = frozenset({"columnMapping"})
 _PROTOCOL = "protocol"
 CLUSTERING_DOMAIN = "delta.clustering"
 _APPEND_ONLY = "appendOnly"
@@ -167,10 +168,10 @@ def _problems(snapshot: TargetSnapshot, *, removes_files: bool) -> Iterator[tupl
             "newer than Delta's reader 3 / writer 7, whose rules this job knows."
         )
     mode = config.get("delta.columnmapping.mode", "none").lower()
-    if mode != "none":
+    if mode not in MODES:
         yield "columnMapping", (
-            f"columnMapping (delta.columnMapping.mode={mode}): Parquet columns have physical names the "
-            "job does not translate. Only tables without column mapping are supported."
+            f"columnMapping (delta.columnMapping.mode={mode}): not one of {', '.join(MODES)}, the modes "
+            "Delta defines; fix the table property."
         )
     if removes_files and config.get("delta.appendonly", "false").lower() == "true":
         yield _APPEND_ONLY, (
@@ -180,7 +181,7 @@ def _problems(snapshot: TargetSnapshot, *, removes_files: bool) -> Iterator[tupl
     yield from _row_tracking_problems(snapshot, config, removes_files=removes_files)
     yield from _clustering_problems(snapshot, config)
     for feature in sorted(
-        (protocol.reader_features | protocol.writer_features) - SUPPORTED_FEATURES - _CONDITIONAL_FEATURES
+        (protocol.reader_features | protocol.writer_features) - SUPPORTED_FEATURES
     ):
         why = _WHY.get(feature, "this job does not know its rules")
         yield feature, f"{feature}: {why}."

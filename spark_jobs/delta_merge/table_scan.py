@@ -10,6 +10,12 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
+from spark_jobs.delta_merge.column_mapping import (
+    logical_column,
+    mapping_mode,
+    partition_keys,
+    physical_read_schema,
+)
 from spark_jobs.delta_merge.deletion_vectors import deleted_rows
 from spark_jobs.delta_merge.files import LiveFile
 from spark_jobs.delta_merge.log_store import log_store
@@ -104,12 +110,17 @@ def scan_files(
 ) -> DataFrame:
     """The rows of ``files`` in the snapshot's schema (partition columns from the log, not the path).
 
+    Columns of column-mapped tables are read by physical name or field id and renamed to logical names.
+
     :param row_tracking: with row tracking enabled, each row also carries its stable row id and row
         commit version (:data:`ROW_ID_COLUMN`, :data:`ROW_COMMIT_VERSION_COLUMN`).
     """
     schema: StructType = snapshot.schema
     partition_columns = list(snapshot.partition_columns)
-    data_schema = StructType([f for f in schema.fields if f.name not in partition_columns])
+    mode = mapping_mode(snapshot.configuration)
+    keys = partition_keys(schema, partition_columns, mode)
+    data_fields = [f for f in schema.fields if f.name not in partition_columns]
+    data_schema = physical_read_schema(StructType(data_fields), mode)
     out_fields = list(schema.fields) + ([StructField(FILE_KEY_COLUMN, StringType())] if with_file_key else [])
     tracked = row_tracking.materialized_columns if row_tracking is not None else ()
     if tracked:
@@ -131,7 +142,7 @@ def scan_files(
         part_rows = [
             (
                 file_key(snapshot, f),
-                *[parse_partition_value(f.partition_values.get(c), schema[c].dataType)
+                *[parse_partition_value(f.partition_values.get(keys[c]), schema[c].dataType)
                   for c in partition_columns],
             )
             for f in files
@@ -139,7 +150,10 @@ def scan_files(
         values = spark.createDataFrame(part_rows, part_schema)
         df = df.join(F.broadcast(values), on=FILE_KEY_COLUMN, how="inner")
     # Quoted: a name with a dot (`value.a`) is one column, not the field a of a struct value.
-    return df.select(*[F.col(f"`{f.name.replace('`', '``')}`") for f in out_fields])
+    return df.select(*[
+        logical_column(f, mode) if f in data_fields else F.col(f"`{f.name.replace('`', '``')}`")
+        for f in out_fields
+    ])
 
 
 def _with_stable_row_ids(

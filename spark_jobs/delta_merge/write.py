@@ -9,7 +9,7 @@ import re
 from collections import Counter
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -19,6 +19,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_type
 from pyspark.sql.types import ArrayType, CharType, DataType, MapType, StructType, VarcharType
 
+from spark_jobs.delta_merge.column_mapping import partition_keys, physical_arrow_schema, physical_path
 from spark_jobs.delta_merge.errors import ConstraintViolationError, MergeExecutionError, spark_failure
 from spark_jobs.delta_merge.file_stats import DEFAULT_NUM_INDEXED_COLS, indexed_leaves
 from spark_jobs.delta_merge.files import WrittenFile
@@ -57,7 +58,7 @@ def write_merge_output(
     num_indexed_cols: int = DEFAULT_NUM_INDEXED_COLS, stats_columns: Sequence[str] | None = None,
     job_description: str | None = None, violation_column: str | None = None,
     change_types: Mapping[int, str] | None = None, preimage_change_types: Mapping[int, str] | None = None,
-    preimage_columns: Sequence[str] = (),
+    preimage_columns: Sequence[str] = (), column_mapping_mode: str = "none",
     hidden_columns: Collection[str] = (),
 ) -> WriteOutcome:
     """Write ``df`` as new Parquet files under ``table_root``, counting rows per action code.
@@ -79,6 +80,9 @@ def write_merge_output(
         of these codes are also written to change data files under ``_change_data/``.
     :param preimage_change_types: the ``_change_type`` of a row's preimage by action code; the
         preimage is read from ``preimage_columns`` (one per ``schema`` column, in its order).
+    :param column_mapping_mode: the table's ``delta.columnMapping.mode``: other than ``none``, files
+        (change data files too) get physical names and field ids, and partition values and stats are
+        keyed by physical name, as the log wants them.
     :param hidden_columns: ``schema`` columns written to the data files that are not table columns (row
         tracking's materialized columns): no statistics are collected on them.
     :raises ConstraintViolationError: a row violates a constraint (the message is the column's value).
@@ -104,18 +108,19 @@ def write_merge_output(
             f"write_merge_output: {len(preimage_columns)} preimage columns for {len(names)} columns"
         )
     extra += list(preimage_columns) if preimage_change_types else []
-    full_schema = arrow_schema(schema)
-    data_schema = pa.schema([f for f in full_schema if f.name not in partition_columns])
+    full_schema, data_schema, file_partitions = _file_layout(schema, partition_columns, column_mapping_mode)
+    logical_data = pa.schema(
+        [f for f in arrow_schema(schema) if f.name not in partition_columns and f.name not in hidden_columns]
+    )
+    leaves = indexed_leaves(logical_data, num_indexed_cols=num_indexed_cols, stats_columns=stats_columns)
     plan = WriteTaskPlan(
         root=_normalize_root(table_root),
         input_schema=full_schema,
         data_schema=data_schema,
-        partition_columns=tuple(partition_columns),
+        partition_columns=file_partitions,
         partition_types=tuple(schema[c].dataType for c in partition_columns),
-        leaves=indexed_leaves(
-            pa.schema([f for f in data_schema if f.name not in hidden_columns]),
-            num_indexed_cols=num_indexed_cols, stats_columns=stats_columns,
-        ),
+        leaves=tuple(replace(leaf, path=physical_path(schema, leaf.path, column_mapping_mode))
+                     for leaf in leaves),
         drop_codes=tuple(sorted({int(c) for c in drop_codes})),
         target_file_size=target_file_size,
         check_violations=violation_column is not None,
@@ -165,22 +170,33 @@ def write_merge_output(
 
 def write_empty_change_file(
     *, table_root: str, schema: StructType, partition_columns: Sequence[str],
-    partition_values: Mapping[str, str | None],
+    partition_values: Mapping[str, str | None], column_mapping_mode: str = "none",
 ) -> WrittenFile:
     """One change data file without rows under ``_change_data/`` (in the partition of the serialized
-    ``partition_values``), for a rewrite that changed no row: see the classic merge executor."""
-    full_schema = arrow_schema(schema)
+    ``partition_values``, keyed as in the log), for a rewrite that changed no row: see the classic merge
+    executor."""
+    full_schema, data_schema, file_partitions = _file_layout(schema, partition_columns, column_mapping_mode)
     plan = WriteTaskPlan(
         root=_normalize_root(table_root),
         input_schema=full_schema,
-        data_schema=pa.schema([f for f in full_schema if f.name not in partition_columns]),
-        partition_columns=tuple(partition_columns),
+        data_schema=data_schema,
+        partition_columns=file_partitions,
         partition_types=tuple(schema[c].dataType for c in partition_columns),
         leaves=(),
         drop_codes=(),
         target_file_size=1,
     )
     return _written_file(write_empty_file(plan.change_data_plan(), dict(partition_values)))
+
+
+def _file_layout(
+    schema: StructType, partition_columns: Sequence[str], column_mapping_mode: str
+) -> tuple[pa.Schema, pa.Schema, tuple[str, ...]]:
+    """The Arrow schemas of the rows (partition columns included) and of the files, and the partition
+    columns, all as files and log name them (physical names in column-mapped tables)."""
+    full_schema = physical_arrow_schema(schema, arrow_schema(schema), column_mapping_mode)
+    keys = tuple(partition_keys(schema, partition_columns, column_mapping_mode).values())
+    return full_schema, pa.schema([f for f in full_schema if f.name not in keys]), keys
 
 
 def _written_file(row: Mapping[str, Any]) -> WrittenFile:

@@ -334,15 +334,6 @@ def column_defaults(root: Path) -> tuple[Path, dict[str, Any]]:
     return target, spec(target, make_source(root), ON + "WHEN MATCHED THEN UPDATE SET n = s.n")
 
 
-@case(UnsupportedTableFeatureError, "columnMapping (delta.columnMapping.mode=name)")
-def column_mapping(root: Path) -> tuple[Path, dict[str, Any]]:
-    config = {
-        "delta.columnMapping.mode": "name", "delta.minReaderVersion": "2", "delta.minWriterVersion": "5"
-    }
-    target = make_target(root, configuration=config)
-    return target, spec(target, make_source(root))
-
-
 @case(UnsupportedTableFeatureError, "appendOnly (delta.appendOnly=true): this merge updates or deletes rows")
 def append_only_table_with_an_update(root: Path) -> tuple[Path, dict[str, Any]]:
     target = make_target(root, configuration={"delta.appendOnly": "true"})

@@ -172,6 +172,12 @@ def _snapshot(fields: Sequence[Mapping[str, Any]], protocol: TableProtocol) -> T
     )
 
 
+def unknown_write_feature(_: Context) -> object:
+    field = {"name": "id", "type": "long", "nullable": True, "metadata": {}}
+    features = frozenset({"someFutureFeature"})
+    return check_writable(_snapshot([field], TableProtocol(3, 7, features, features)), removes_files=True)
+
+
 def protocol_too_new(_: Context) -> object:
     field = {"name": "id", "type": "long", "nullable": True, "metadata": {}}
     snapshot = _snapshot([field], TableProtocol(4, 8))
@@ -337,12 +343,9 @@ ROWS: list[Row] = [
     Row("DELTA_INVALID_PROTOCOL_VERSION", protocol_too_new,
         ('Unsupported Delta protocol version: table "file:///data/t" requires reader version 4 and writer '
          "version 8, but Delta Lake ", "Please upgrade to a newer release.")),
-    Row("DELTA_UNSUPPORTED_FEATURES_FOR_WRITE",
-        _refusal(configuration={
-            "delta.columnMapping.mode": "name", "delta.minReaderVersion": "2", "delta.minWriterVersion": "5"
-        }),
+    Row("DELTA_UNSUPPORTED_FEATURES_FOR_WRITE", unknown_write_feature,
         ("Unsupported Delta write feature: table ", " requires writer table feature(s) that are unsupported "
-         "by Delta Lake ", ": columnMapping.")),
+         "by Delta Lake ", ": someFutureFeature.")),
     Row("DELTA_CANNOT_MODIFY_APPEND_ONLY", _refusal(configuration={"delta.appendOnly": "true"}),
         ("This table is configured to only allow appends. If you would like to permit updates or deletes, "
          "use 'ALTER TABLE ", " SET TBLPROPERTIES (delta.appendOnly=false)'.")),

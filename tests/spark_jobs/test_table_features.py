@@ -105,6 +105,14 @@ def test_identity_columns_are_writable() -> None:
         check_writable(snapshot, removes_files=True)
 
 
+@pytest.mark.parametrize("mode", ["name", "id", "NAME"])
+def test_column_mapped_tables_are_writable(mode: str) -> None:
+    # Files are read by physical name or field id and written with both (test_column_mapping.py).
+    config = {"delta.columnMapping.mode": mode}
+    snapshot = _snapshot(protocol=_features("columnMapping"), configuration=config)
+    check_writable(snapshot, removes_files=True)
+
+
 def test_files_with_deletion_vectors_are_rewritten_not_refused() -> None:
     # Copy-on-write: the scan leaves deleted rows out and the remove carries the descriptor.
     config = {"delta.enableDeletionVectors": "true"}
@@ -119,8 +127,8 @@ def test_files_with_deletion_vectors_are_rewritten_not_refused() -> None:
     ("kwargs", "expected"),
     [
         (
-            {"configuration": {"delta.columnMapping.mode": "name"}},
-            "columnMapping (delta.columnMapping.mode=name)",
+            {"configuration": {"delta.columnMapping.mode": "sideways"}},
+            "columnMapping (delta.columnMapping.mode=sideways): not one of none, name, id",
         ),
         ({"protocol": _features("typeWidening")}, "typeWidening: older files may hold narrower types"),
         (
@@ -167,7 +175,7 @@ def test_append_only_refuses_only_merges_that_remove_files() -> None:
 
 def test_every_problem_is_listed_at_once() -> None:
     snapshot = _snapshot(
-        configuration={"delta.columnMapping.mode": "id", "delta.appendOnly": "true"},
+        configuration={"delta.columnMapping.mode": "sideways", "delta.appendOnly": "true"},
         protocol=_features("columnMapping", "changeDataFeed", "typeWidening"),
     )
     message = _refusal(snapshot)
