@@ -204,11 +204,6 @@ def _row_tracking_problems(
             "commit version column (delta.rowTracking.materializedRowIdColumnName / "
             "materializedRowCommitVersionColumnName), so rewritten rows could not keep their row ids."
         )
-    elif removes_files and change_data_feed_enabled(snapshot):
-        yield "rowTracking", (
-            "rowTracking with changeDataFeed: this job cannot yet keep the materialized row id columns out "
-            "of change data files. Only insert-only merges are allowed on such tables."
-        )
 
 
 def _clustering_problems(snapshot: TargetSnapshot, config: Mapping[str, str]) -> Iterator[tuple[str, str]]:

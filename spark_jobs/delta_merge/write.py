@@ -59,7 +59,7 @@ def write_merge_output(
     job_description: str | None = None, violation_column: str | None = None,
     change_types: Mapping[int, str] | None = None, preimage_change_types: Mapping[int, str] | None = None,
     preimage_columns: Sequence[str] = (), column_mapping_mode: str = "none",
-    hidden_columns: Collection[str] = (),
+    hidden_columns: Sequence[str] = (),
 ) -> WriteOutcome:
     """Write ``df`` as new Parquet files under ``table_root``, counting rows per action code.
 
@@ -103,9 +103,14 @@ def write_merge_output(
     if target_file_size <= 0:
         raise ValueError(f"write_merge_output: target_file_size must be positive, got {target_file_size}")
 
-    if preimage_change_types and len(preimage_columns) != len(names):
+    if list(hidden_columns) != names[len(names) - len(hidden_columns) :]:
         raise ValueError(
-            f"write_merge_output: {len(preimage_columns)} preimage columns for {len(names)} columns"
+            f"write_merge_output: hidden columns {list(hidden_columns)} must end the schema {names}"
+        )
+    table_width = len(names) - len(hidden_columns)
+    if preimage_change_types and len(preimage_columns) != table_width:
+        raise ValueError(
+            f"write_merge_output: {len(preimage_columns)} preimage columns for {table_width} table columns"
         )
     extra += list(preimage_columns) if preimage_change_types else []
     full_schema, data_schema, file_partitions = _file_layout(schema, partition_columns, column_mapping_mode)
@@ -126,6 +131,7 @@ def write_merge_output(
         check_violations=violation_column is not None,
         change_types=tuple(sorted((change_types or {}).items())),
         preimage_change_types=tuple(sorted((preimage_change_types or {}).items())),
+        hidden_count=len(hidden_columns),
     )
     output = df.select(*[F.col(_quoted(n)).alias(n) for n in names], *[F.col(_quoted(c)) for c in extra])
     if partition_columns:

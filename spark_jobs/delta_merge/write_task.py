@@ -72,6 +72,8 @@ class WriteTaskPlan:
     :param preimage_change_types: the ``_change_type`` of the preimage, by action code; the preimage
         columns (``input_schema``'s, in its order) follow the action code and violation columns.
     :param file_kind: ``file`` for data files, ``cdc`` for change data files (``cdc-`` names).
+    :param hidden_count: the last this many columns of ``input_schema`` are written to data files but
+        are no table columns (row tracking's materialized columns): change data files leave them out.
     """
 
     root: str
@@ -87,6 +89,12 @@ class WriteTaskPlan:
     change_types: tuple[tuple[int, str], ...] = ()
     preimage_change_types: tuple[tuple[int, str], ...] = ()
     file_kind: str = "file"
+    hidden_count: int = 0
+
+    @property
+    def table_width(self) -> int:
+        """How many leading columns of ``input_schema`` are the table's."""
+        return len(self.input_schema) - self.hidden_count
 
     @property
     def writes_change_data(self) -> bool:
@@ -95,10 +103,13 @@ class WriteTaskPlan:
     def change_data_plan(self) -> WriteTaskPlan:
         """The plan of the change data files: the data files' layout plus ``_change_type``, no stats."""
         change_type = pa.field(CHANGE_TYPE_COLUMN, pa.string())
+        hidden = set(self.input_schema.names[self.table_width :])
+        table_columns = pa.schema(list(self.input_schema)[: self.table_width])
         return replace(
-            self, input_schema=self.input_schema.append(change_type),
-            data_schema=self.data_schema.append(change_type), leaves=(), drop_codes=(),
-            change_types=(), preimage_change_types=(), file_kind="cdc",
+            self, input_schema=table_columns.append(change_type),
+            data_schema=pa.schema([f for f in self.data_schema if f.name not in hidden]).append(change_type),
+            leaves=(), drop_codes=(), change_types=(), preimage_change_types=(), file_kind="cdc",
+            hidden_count=0,
         )
 
 
@@ -148,19 +159,21 @@ def _write_changes(
     changes: _TaskWriter, plan: WriteTaskPlan, batch: pa.RecordBatch, codes: pa.Array
 ) -> None:
     """The batch's change rows: preimages (update_preimage, delete), then written rows (insert,
-    update_postimage); copied rows give none."""
+    update_postimage); copied rows give none. Preimages are of the table columns only."""
     width = len(plan.input_schema)
+    table_width = plan.table_width
+    table_columns = pa.schema(list(plan.input_schema)[:table_width])
     first_preimage = width + 1 + int(plan.check_violations)
     change_schema = changes.schema
     for columns, types in (
-        (list(range(first_preimage, first_preimage + width)), plan.preimage_change_types),
-        (list(range(width)), plan.change_types),
+        (list(range(first_preimage, first_preimage + table_width)), plan.preimage_change_types),
+        (list(range(table_width)), plan.change_types),
     ):
         for code, change_type in types:
             rows = batch.select(columns).filter(pc.equal(codes, pa.scalar(code, codes.type)))
             if not rows.num_rows:
                 continue
-            conformed = _conform(rows, plan.input_schema)
+            conformed = _conform(rows, table_columns)
             kind = pa.array([change_type] * rows.num_rows, pa.string())
             changes.write(pa.RecordBatch.from_arrays([*conformed.columns, kind], schema=change_schema))
 

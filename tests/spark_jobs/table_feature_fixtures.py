@@ -61,6 +61,7 @@ def enable_features(
     in_commit_timestamp: int | None = None,
     configuration: Mapping[str, str] | None = None,
     flat_clustering_columns: bool = False,
+    change_data_feed: bool = False,
 ) -> int:
     """Commit the next version turning the chosen features on; returns that version.
 
@@ -68,6 +69,7 @@ def enable_features(
         the feature is only supported: ids are assigned but not preserved).
     :param in_commit_timestamp: the enabling commit's in-commit timestamp (default: now).
     :param configuration: more table properties to set.
+    :param change_data_feed: also turn on the change data feed (feature and property).
     :param flat_clustering_columns: write ``clusteringColumns`` as names, as PROTOCOL.md's example does,
         not as lists of name parts, as Delta writes them.
     """
@@ -78,6 +80,9 @@ def enable_features(
     config = {**metadata["configuration"], **(configuration or {})}
     commit_info: dict[str, Any] = {"timestamp": now, "operation": "SET TBLPROPERTIES"}
     actions: list[dict[str, Any]] = []
+    if change_data_feed:
+        features.add("changeDataFeed")
+        config["delta.enableChangeDataFeed"] = "true"
     if in_commit_timestamps:
         features.add("inCommitTimestamp")
         config.update({

@@ -126,6 +126,29 @@ def test_upsert_keeps_ids_of_updated_and_copied_rows(spark: Any, target: Path, t
     assert actions[0]["commitInfo"]["tags"] == {"delta.rowTracking.preserved": "true"}
 
 
+def test_change_data_files_hold_the_table_columns_only(spark: Any, tmp_path: Path) -> None:
+    # Row tracking with the change data feed: the materialized columns go into data files only.
+    table = make_target(tmp_path / "t", kv([(1, "a"), (2, "b"), (3, "c")]), kv([(4, "d"), (5, "e")]))
+    enable_features(table, row_tracking=True, change_data_feed=True)
+    before, mark = stable_ids(table), high_water_mark(table)
+    sql = UPSERT.replace("WHEN MATCHED THEN", "WHEN MATCHED AND s.v = 'x' THEN DELETE WHEN MATCHED THEN")
+    metrics = merge(spark, table, source(tmp_path / "s", kv([(2, "B"), (4, "x"), (6, "f")])), sql)
+    version = metrics["tableVersion"]
+    assert rows(table) == [(1, "a"), (2, "B"), (3, "c"), (5, "e"), (6, "f")]
+    check_row_ids(table, before, mark, version, kept={1, 3, 5}, updated={2}, inserted={6})
+    actions = check_actions(table, version, mark=mark)
+    changes = [pq.read_table(table / a["cdc"]["path"]) for a in actions if "cdc" in a]
+    assert changes
+    assert all(c.column_names == ["id", "v", "_change_type"] for c in changes)
+    assert sorted(tuple(r.values()) for c in changes for r in c.to_pylist()) == [
+        (2, "B", "update_postimage"), (2, "b", "update_preimage"), (4, "d", "delete"), (6, "f", "insert"),
+    ]
+    metadata = DeltaTable(table).metadata().configuration
+    materialized = {metadata[ROW_ID_COLUMN], metadata[ROW_COMMIT_VERSION_COLUMN]}
+    data_files = [pq.read_schema(table / a["add"]["path"]).names for a in actions if "add" in a]
+    assert any(materialized <= set(names) for names in data_files)
+
+
 def test_two_merges_in_a_row_keep_ids_of_inserted_and_copied_rows(
     spark: Any, target: Path, tmp_path: Path
 ) -> None:
