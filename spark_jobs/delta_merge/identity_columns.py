@@ -21,6 +21,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructField, StructType
 
+from spark_jobs.delta_merge.column_mapping import physical_name
 from spark_jobs.delta_merge.errors import MergeAnalysisError
 from spark_jobs.delta_merge.files import WrittenFile
 from spark_jobs.delta_merge.spec import MergeClause, ParsedMerge
@@ -218,30 +219,33 @@ def moved_high_water_mark(column: IdentityColumn, written: Iterable[int]) -> int
 
 
 def _written_extremes(
-    column: IdentityColumn, adds: Sequence[WrittenFile], *, table_uri: str
+    column: IdentityColumn, key: str, adds: Sequence[WrittenFile], *, table_uri: str
 ) -> list[int]:
     """Per written file, its furthest value of the column: from the file's statistics, or read from the
-    file when the statistics leave the column out (not among the indexed columns)."""
+    file when the statistics leave the column out (not among the indexed columns). ``key`` is the
+    column's name in files, partition values and stats (its physical name in column-mapped tables)."""
     positive = column.step > 0
     extremes: list[int] = []
     unindexed: list[WrittenFile] = []
     for written in adds:
-        if column.name in written.partition_values:
-            value = written.partition_values[column.name]
+        if key in written.partition_values:
+            value = written.partition_values[key]
             extremes += [] if value is None else [int(value)]
             continue
         stats = json.loads(written.stats_json) if written.stats_json else {}
         bound = stats.get("maxValues" if positive else "minValues") or {}
-        if column.name in bound:
-            extremes.append(int(bound[column.name]))
-        elif stats.get("nullCount", {}).get(column.name) != stats.get("numRecords", -1):
+        if key in bound:
+            extremes.append(int(bound[key]))
+        elif stats.get("nullCount", {}).get(key) != stats.get("numRecords", -1):
             unindexed.append(written)
     if unindexed:
-        extremes += _read_extremes(column, unindexed, table_uri=table_uri)
+        extremes += _read_extremes(column, key, unindexed, table_uri=table_uri)
     return extremes
 
 
-def _read_extremes(column: IdentityColumn, adds: Sequence[WrittenFile], *, table_uri: str) -> list[int]:
+def _read_extremes(
+    column: IdentityColumn, key: str, adds: Sequence[WrittenFile], *, table_uri: str
+) -> list[int]:
     import pyarrow.compute as pc
     import pyarrow.fs as pafs
     import pyarrow.parquet as pq
@@ -253,14 +257,15 @@ def _read_extremes(column: IdentityColumn, adds: Sequence[WrittenFile], *, table
     extremes: list[int] = []
     for written in adds:
         with fs.open_input_file(f"{base.rstrip('/')}/{unquote(written.path)}") as handle:
-            values = pq.read_table(handle, columns=[column.name]).column(0)
+            values = pq.read_table(handle, columns=[key]).column(0)
         extreme = (pc.max if column.step > 0 else pc.min)(values).as_py()
         extremes += [] if extreme is None else [int(extreme)]
     return extremes
 
 
 def with_moved_high_water_marks(
-    schema: StructType, tracked: Iterable[str], adds: Sequence[WrittenFile], *, table_uri: str
+    schema: StructType, tracked: Iterable[str], adds: Sequence[WrittenFile], *, table_uri: str,
+    column_mapping_mode: str = "none",
 ) -> StructType:
     """``schema`` with the mark of every tracked identity column moved past what the merge wrote.
 
@@ -277,7 +282,8 @@ def with_moved_high_water_marks(
         column = by_name.get(field.name.lower())
         mark = None
         if column is not None and field.name.lower() in names:
-            mark = moved_high_water_mark(column, _written_extremes(column, adds, table_uri=table_uri))
+            key = physical_name(field, column_mapping_mode)
+            mark = moved_high_water_mark(column, _written_extremes(column, key, adds, table_uri=table_uri))
         if mark is None:
             fields.append(field)
         else:

@@ -13,7 +13,7 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 from spark_jobs.delta_merge.analysis import MergePlan, resolve_merge
-from spark_jobs.delta_merge.column_mapping import map_new_fields, max_column_id_update
+from spark_jobs.delta_merge.column_mapping import map_new_fields, mapping_mode, max_column_id_update
 from spark_jobs.delta_merge.commit import plan_commit
 from spark_jobs.delta_merge.conflicts import ReadSet
 from spark_jobs.delta_merge.data_skipping import prune_files
@@ -209,7 +209,8 @@ def _commit(
     """Commit under Delta's conflict rules; a concurrent commit of the same app transaction wins."""
     # Moved identity high-water marks are a schema change committed with the data, as in Delta.
     final_schema = with_moved_high_water_marks(
-        plan.final_schema, plan.tracked_identity, outcome.adds, table_uri=snapshot.table_uri
+        plan.final_schema, plan.tracked_identity, outcome.adds, table_uri=snapshot.table_uri,
+        column_mapping_mode=mapping_mode(snapshot.configuration),
     )
     commit_plan = plan_commit(
         snapshot,
