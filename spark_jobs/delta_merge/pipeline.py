@@ -1,28 +1,22 @@
-"""``run_merge``: Delta's MergeIntoCommand.run on Spark, with the log read and committed through deltalake."""
+"""``run_merge``: Delta's MergeIntoCommand.run on Spark; the log is read through deltalake, committed here."""
 
 from __future__ import annotations
 
-import json
 import logging
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
 from pyspark.sql import SparkSession
 
-from spark_jobs.delta_merge.analysis import MergePlan, resolve_merge
-from spark_jobs.delta_merge.column_mapping import map_new_fields, mapping_mode, max_column_id_update
-from spark_jobs.delta_merge.commit import plan_commit
-from spark_jobs.delta_merge.conflicts import ReadSet
-from spark_jobs.delta_merge.data_skipping import prune_files
+from spark_jobs.delta_merge.analysis import resolve_merge
+from spark_jobs.delta_merge.column_mapping import map_new_fields
+from spark_jobs.delta_merge.commit import applied_metrics, commit_merge
 from spark_jobs.delta_merge.errors import MergeExecutionError
-from spark_jobs.delta_merge.executor import MergeOutcome, execute_merge
 from spark_jobs.delta_merge.expectations import check_expectations
-from spark_jobs.delta_merge.files import LiveFile
-from spark_jobs.delta_merge.idempotency import applied_metrics
-from spark_jobs.delta_merge.identity_columns import with_moved_high_water_marks
+from spark_jobs.delta_merge.merge_strategies import execute_merge
 from spark_jobs.delta_merge.metrics import MergeMetrics
 from spark_jobs.delta_merge.snapshot import TargetSnapshot, load_snapshot
 from spark_jobs.delta_merge.source import (
@@ -35,7 +29,6 @@ from spark_jobs.delta_merge.source import (
 )
 from spark_jobs.delta_merge.spark_statement import check_with_spark_parser
 from spark_jobs.delta_merge.spec import MergeSpec, ParsedMerge
-from spark_jobs.delta_merge.transaction import commit_serializably
 
 __all__ = ["run_merge", "session_confs"]
 
@@ -74,31 +67,6 @@ def _merge_confs(spark: SparkSession, spec: MergeSpec) -> dict[str, str]:
         "spark.sql.parquet.fieldId.read.enabled": "true",
     }
     return confs
-
-
-def _operation_parameters(plan: MergePlan) -> dict[str, str]:
-    """operationParameters shaped as Delta records a MERGE (values are JSON strings)."""
-
-    def predicates(when: str) -> str:
-        items = []
-        for clause in plan.parsed.clauses_of(when):  # type: ignore[arg-type]
-            item: dict[str, str] = {"actionType": clause.action.replace("_all", "")}
-            if clause.condition is not None:
-                item = {"predicate": clause.condition, **item}
-            items.append(item)
-        return _compact_json(items)
-
-    return {
-        "predicate": _compact_json([plan.parsed.condition]),
-        "matchedPredicates": predicates("matched"),
-        "notMatchedPredicates": predicates("not_matched"),
-        "notMatchedBySourcePredicates": predicates("not_matched_by_source"),
-    }
-
-
-def _compact_json(value: object) -> str:
-    # Delta (Jackson) writes these without spaces: '[{"actionType":"update"}]'.
-    return json.dumps(value, separators=(",", ":"))
 
 
 def _target_file_size(spec: MergeSpec, snapshot: TargetSnapshot) -> int:
@@ -199,61 +167,4 @@ def _run_attempt(
     check_expectations(metrics.to_dict(), spec.expected_metrics)
     if spec.options.dry_run:
         return metrics.with_values(dryRun=True, tableVersion=snapshot.version)
-    return _commit(spark, spec, snapshot, plan, outcome, metrics)
-
-
-def _commit(
-    spark: SparkSession, spec: MergeSpec, snapshot: TargetSnapshot, plan: MergePlan, outcome: MergeOutcome,
-    metrics: MergeMetrics,
-) -> MergeMetrics:
-    """Commit under Delta's conflict rules; a concurrent commit of the same app transaction wins."""
-    # Moved identity high-water marks are a schema change committed with the data, as in Delta.
-    final_schema = with_moved_high_water_marks(
-        plan.final_schema, plan.tracked_identity, outcome.adds, table_uri=snapshot.table_uri,
-        column_mapping_mode=mapping_mode(snapshot.configuration),
-    )
-    commit_plan = plan_commit(
-        snapshot,
-        removes=outcome.removes,
-        adds=outcome.adds,
-        change_files=outcome.change_files,
-        new_schema=final_schema if final_schema != plan.target_schema else None,
-        configuration_updates=max_column_id_update(snapshot.configuration, final_schema),
-        operation_parameters=_operation_parameters(plan),
-        operation_metrics=metrics.operation_metrics(),
-        app_transaction=_app_transaction(spec),
-        commit_metadata={
-            "materializeSourceReason": metrics.materializeSourceReason, **spec.run.commit_metadata
-        },
-    )
-    read = ReadSet(
-        # Without target-only predicates (or with NOT MATCHED BY SOURCE) the merge read every file.
-        whole_table=not plan.target_only_predicates,
-        read_paths=frozenset(f.path for f in outcome.read),
-        removed_paths=frozenset(f.path for f in outcome.removes),
-        app_id=spec.run.app_id,
-        app_version=spec.run.app_version,
-        token=commit_plan.token,
-        serializable=snapshot.configuration.get("delta.isolationLevel") == "Serializable",
-    )
-
-    def matches_read(files: Sequence[LiveFile]) -> bool:
-        return bool(prune_files(spark, snapshot, files, predicates=plan.target_only_predicates,
-                                target_alias=plan.target_alias))
-
-    log.info("committing: %d files removed, %d added, read version %d",
-             len(outcome.removes), len(outcome.adds), snapshot.version)
-    landed = commit_serializably(
-        commit_plan, read, matches_read=matches_read, storage_options=dict(spec.target.storage_options)
-    )
-    if landed.already_applied:
-        log.info("MERGE not applied again: version %d already applied this app transaction", landed.version)
-        return MergeMetrics.from_commit(landed.version, landed.commit_info).with_values(skipped=True)
-    log.info("MERGE committed version %d", landed.version)
-    return metrics.with_values(tableVersion=landed.version)
-
-
-def _app_transaction(spec: MergeSpec) -> tuple[str, int] | None:
-    if spec.run.app_id is None or spec.run.app_version is None:
-        return None
-    return spec.run.app_id, spec.run.app_version
+    return commit_merge(spark, spec, snapshot=snapshot, plan=plan, outcome=outcome, metrics=metrics)

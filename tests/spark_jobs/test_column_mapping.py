@@ -28,7 +28,7 @@ from spark_jobs.delta_merge.column_mapping import (
     physical_arrow_schema,
     physical_read_schema,
 )
-from spark_jobs.delta_merge.conflicts import added_file
+from spark_jobs.delta_merge.commit.conflicts import added_file
 from spark_jobs.delta_merge.data_skipping import prune_files
 from spark_jobs.delta_merge.files import LiveFile
 from spark_jobs.delta_merge.snapshot import load_snapshot

@@ -1,4 +1,4 @@
-"""commit_merge: what lands in the log (read back by deltalake), CAS, app transactions, schema evolution."""
+"""One commit attempt: what lands in the log (read back by deltalake), CAS, app transactions, evolution."""
 
 from __future__ import annotations
 
@@ -16,7 +16,12 @@ import pytest
 from deltalake import DeltaTable, QueryBuilder, write_deltalake
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from spark_jobs.delta_merge.commit import MERGE_ENGINE, attempt_commit, commit_merge, plan_commit
+from spark_jobs.delta_merge.commit.actions import (
+    MERGE_ENGINE,
+    attempt_commit,
+    commit_on_snapshot,
+    plan_commit,
+)
 from spark_jobs.delta_merge.delta_log import find_app_transaction_commit, read_commit_info
 from spark_jobs.delta_merge.errors import (
     ConcurrentModificationError,
@@ -69,7 +74,7 @@ def _commit(snapshot: TargetSnapshot, removes: list[LiveFile], adds: list[Writte
         "app_transaction": None,
         "commit_metadata": {},
     }
-    return commit_merge(snapshot, removes=removes, adds=adds, **{**options, **kwargs})
+    return commit_on_snapshot(snapshot, removes=removes, adds=adds, **{**options, **kwargs})
 
 
 def _rows(root: Path) -> list[dict[str, Any]]:
@@ -251,11 +256,11 @@ def test_process_exits_cleanly_after_snapshot_and_commit(tmp_path: Path) -> None
     # deltalake's pyarrow-dataset path can abort at exit (rc 134); the paths used here must not.
     _table(tmp_path)
     script = textwrap.dedent(f"""
-        from spark_jobs.delta_merge.commit import commit_merge
+        from spark_jobs.delta_merge.commit.actions import commit_on_snapshot
         from spark_jobs.delta_merge.delta_log import read_commit_info
         from spark_jobs.delta_merge.snapshot import load_snapshot
         s = load_snapshot({str(tmp_path)!r})
-        v = commit_merge(s, removes=[s.files[0]], adds=[], new_schema=None, operation_parameters={{}},
+        v = commit_on_snapshot(s, removes=[s.files[0]], adds=[], new_schema=None, operation_parameters={{}},
                          operation_metrics={{}}, app_transaction=("x", 1), commit_metadata={{}})
         print(v, read_commit_info({str(tmp_path)!r}, v)["mergeEngine"])
     """)

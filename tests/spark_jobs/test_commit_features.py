@@ -16,7 +16,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from spark_jobs.delta_merge.commit import commit_actions, plan_commit
+from spark_jobs.delta_merge.commit.actions import commit_actions, plan_commit
 from spark_jobs.delta_merge.errors import UnsupportedTableFeatureError
 from spark_jobs.delta_merge.files import WrittenFile
 from spark_jobs.delta_merge.snapshot import load_snapshot

@@ -2,7 +2,7 @@
 its commit, and the merge must conflict (applying nothing) or commit on top, exactly as Delta decides.
 
 The in-process tests make the concurrent commit with deltalake from inside the commit step (a wrapper
-around ``pipeline.commit_serializably``), after the merge has read the table and written its files. The
+around ``commit.commit_serializably``), after the merge has read the table and written its files. The
 subprocess tests race real spark-submits against each other and against a deltalake writer process.
 """
 
@@ -25,7 +25,8 @@ import pytest
 from deltalake import CommitProperties, DeltaTable, TableFeatures, Transaction, write_deltalake
 from deltalake.schema import Field, PrimitiveType
 
-from spark_jobs.delta_merge import pipeline, run_merge
+from spark_jobs.delta_merge import commit as commit_stage
+from spark_jobs.delta_merge import run_merge
 from spark_jobs.delta_merge.delta_log import read_commit_info
 from spark_jobs.delta_merge.errors import ConcurrentModificationError
 from tests.delta_reader import read_rows, table_version
@@ -137,7 +138,7 @@ class Race:
 
 def race_before_commit(monkeypatch: pytest.MonkeyPatch, winner: Callable[[Path], None], path: Path) -> Race:
     """Make ``winner`` commit after the merge read the table and wrote its files, right before it commits."""
-    real = pipeline.commit_serializably  # type: ignore[attr-defined]
+    real = commit_stage.commit_serializably  # type: ignore[attr-defined]
     race = Race()
 
     def racing(*args: Any, **kwargs: Any) -> Any:
@@ -146,7 +147,7 @@ def race_before_commit(monkeypatch: pytest.MonkeyPatch, winner: Callable[[Path],
             race.version, race.rows = table_version(path), rows_of(path)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(pipeline, "commit_serializably", racing)
+    monkeypatch.setattr(commit_stage, "commit_serializably", racing)
     return race
 
 
@@ -219,14 +220,14 @@ def test_many_commits_outside_the_read_are_checked_with_one_predicate_evaluation
             append("b", key)(path)
 
     race = race_before_commit(monkeypatch, three_appends, target)
-    real_prune = pipeline.prune_files  # type: ignore[attr-defined]
+    real_prune = commit_stage.prune_files  # type: ignore[attr-defined]
     evaluated: list[int] = []
 
     def counting_prune(*args: Any, **kwargs: Any) -> Any:
         evaluated.append(len(args[2]))
         return real_prune(*args, **kwargs)
 
-    monkeypatch.setattr(pipeline, "prune_files", counting_prune)
+    monkeypatch.setattr(commit_stage, "prune_files", counting_prune)
     metrics = run_merge(spark, spec(target, source, PARTITIONED_MERGE)).to_dict()
 
     assert race.rows is not None

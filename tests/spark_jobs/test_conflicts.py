@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from spark_jobs.delta_merge.conflicts import AlreadyApplied, ReadSet, check_winning_commit
+from spark_jobs.delta_merge.commit.conflicts import AlreadyApplied, ReadSet, check_winning_commit
 from spark_jobs.delta_merge.errors import ConcurrentModificationError
 from spark_jobs.delta_merge.files import LiveFile
 

@@ -22,16 +22,16 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from spark_jobs.delta_merge import transaction
-from spark_jobs.delta_merge.commit import attempt_commit, plan_commit
-from spark_jobs.delta_merge.conflicts import ReadSet, check_winning_commit
+from spark_jobs.delta_merge.commit import serializable
+from spark_jobs.delta_merge.commit.actions import attempt_commit, plan_commit
+from spark_jobs.delta_merge.commit.conflicts import ReadSet, check_winning_commit
+from spark_jobs.delta_merge.commit.serializable import commit_serializably
 from spark_jobs.delta_merge.delta_schema import spark_schema_from_delta
 from spark_jobs.delta_merge.errors import MergeJobError
 from spark_jobs.delta_merge.files import WrittenFile
 from spark_jobs.delta_merge.snapshot import TableProtocol, TargetSnapshot, load_snapshot
 from spark_jobs.delta_merge.spec import MergeSpec
 from spark_jobs.delta_merge.table_features import check_writable, table_constraints
-from spark_jobs.delta_merge.transaction import commit_serializably
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB_SOURCE = ROOT / "spark_jobs"
@@ -130,13 +130,13 @@ def stale_compare_and_swap(ctx: Context) -> object:
 def swap_lost_every_time(ctx: Context) -> object:
     snapshot = _partitioned_table(ctx.root)
     plan = plan_commit(snapshot, **_plan_kwargs(ctx.root))
-    real = transaction.attempt_commit
+    real = serializable.attempt_commit
 
     def another_writer_first(*args: Any, **kwargs: Any) -> int:
         _append_elsewhere(ctx.root)  # lands between the check and the swap
         return real(*args, **kwargs)
 
-    ctx.monkeypatch.setattr(transaction, "attempt_commit", another_writer_first)
+    ctx.monkeypatch.setattr(serializable, "attempt_commit", another_writer_first)
     read = ReadSet(whole_table=False, read_paths=frozenset(), removed_paths=frozenset(), app_id=None,
                    app_version=None, token=plan.token)
     return commit_serializably(plan, read, matches_read=lambda files: False, max_attempts=2,

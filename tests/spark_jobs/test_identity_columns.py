@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import write_deltalake
 
-from spark_jobs.delta_merge import pipeline
+from spark_jobs.delta_merge import commit as commit_stage
 from spark_jobs.delta_merge.delta_schema import normalized_schema_json
 from spark_jobs.delta_merge.errors import CastFailureError, ConcurrentModificationError, MergeAnalysisError
 from spark_jobs.delta_merge.identity_columns import IdentityColumn, moved_high_water_mark
@@ -340,13 +340,13 @@ def test_a_concurrent_move_of_the_mark_fails_the_merge_without_duplicates(
 ) -> None:
     # Another writer generated 2 and 3 and committed the mark 3 after this merge read the mark 1.
     target = identity_table(tmp_path / "t", [(1, 1, "a")], start=1, step=1, always=True, high_water_mark=1)
-    real = pipeline.commit_serializably  # type: ignore[attr-defined]
+    real = commit_stage.commit_serializably  # type: ignore[attr-defined]
 
     def racing(*args: Any, **kwargs: Any) -> Any:
         commit_high_water_mark(target, "id", 3)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(pipeline, "commit_serializably", racing)
+    monkeypatch.setattr(commit_stage, "commit_serializably", racing)
     raced = table_version(target) + 1
     source = source_files(tmp_path / "s", [(2, "b"), (3, "c")])
     with pytest.raises(ConcurrentModificationError) as raised:

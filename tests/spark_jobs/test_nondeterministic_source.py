@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import write_deltalake
 
-from spark_jobs.delta_merge import executor, run_merge
+from spark_jobs.delta_merge import merge_strategies, run_merge
 from spark_jobs.delta_merge.errors import MergeExecutionError
 from spark_jobs.delta_merge.source import MATERIALIZE_MAX_ATTEMPTS, storage_level_for_attempt
 from tests.delta_reader import read_rows, table_version
@@ -103,14 +103,14 @@ def test_rand_source_is_materialized_and_both_scans_see_one_snapshot(
 # -- (b) a source directory that gains or changes files between the scans --------------------------------
 def _after_first_scan(monkeypatch: pytest.MonkeyPatch, action: Callable[[], None]) -> None:
     """Run ``action`` once, right after the merge's first source scan (finding touched files)."""
-    real = executor.find_touched_files  # type: ignore[attr-defined]
+    real = merge_strategies.find_touched_files  # type: ignore[attr-defined]
 
     def scanned_then_act(*args: Any, **kwargs: Any) -> Any:
         touched = real(*args, **kwargs)
         action()
         return touched
 
-    monkeypatch.setattr(executor, "find_touched_files", scanned_then_act)
+    monkeypatch.setattr(merge_strategies, "find_touched_files", scanned_then_act)
 
 
 @pytest.mark.spark
@@ -189,7 +189,7 @@ def _lose_blocks_after_first_scan(monkeypatch: pytest.MonkeyPatch, *, times: int
     """Unpersist the materialized source's blocks after the first scan of the first ``times`` attempts,
     which makes the second scan fail with Spark's CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND (as a lost executor
     does). Returns (replication, uses memory) of the materialized RDD per attempt."""
-    real = executor.find_touched_files  # type: ignore[attr-defined]
+    real = merge_strategies.find_touched_files  # type: ignore[attr-defined]
     levels: list[tuple[int, bool]] = []
 
     def scan_then_lose(source: Any, *args: Any, **kwargs: Any) -> Any:
@@ -201,7 +201,7 @@ def _lose_blocks_after_first_scan(monkeypatch: pytest.MonkeyPatch, *, times: int
             rdd.unpersist(True)
         return touched
 
-    monkeypatch.setattr(executor, "find_touched_files", scan_then_lose)
+    monkeypatch.setattr(merge_strategies, "find_touched_files", scan_then_lose)
     return levels
 
 
@@ -258,7 +258,7 @@ def test_other_failures_are_not_retried(
         calls.append(1)
         raise MergeExecutionError("boom")
 
-    monkeypatch.setattr(executor, "find_touched_files", failing)
+    monkeypatch.setattr(merge_strategies, "find_touched_files", failing)
     with pytest.raises(MergeExecutionError, match=r"^boom$"):
         merge(spark, target, parquet(source_dir), materialize_source="all")
     assert calls == [1]

@@ -19,7 +19,7 @@ import pytest
 from deltalake import DeltaTable
 from pyspark.sql.types import StructType
 
-from spark_jobs.delta_merge.commit import commit_actions, plan_commit
+from spark_jobs.delta_merge.commit.actions import commit_actions, plan_commit
 from spark_jobs.delta_merge.files import WrittenFile
 from spark_jobs.delta_merge.row_tracking import RowTracking, assign_row_ids, row_tracking
 from spark_jobs.delta_merge.row_tracking import high_water_mark as high_water_mark_of

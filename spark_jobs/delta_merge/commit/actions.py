@@ -20,6 +20,7 @@ import deltalake
 from deltalake.exceptions import DeltaError
 from obstore.exceptions import BaseError as StoreError
 
+from spark_jobs.delta_merge.commit.validity import check_commit_files
 from spark_jobs.delta_merge.contract import MERGE_ENGINE, MERGE_OPERATION
 from spark_jobs.delta_merge.errors import (
     ConcurrentModificationError,
@@ -41,7 +42,7 @@ __all__ = [
     "MERGE_OPERATION",
     "CommitPlan",
     "attempt_commit",
-    "commit_merge",
+    "commit_on_snapshot",
     "plan_commit",
 ]
 
@@ -114,7 +115,7 @@ class CommitPlan:
         return self.new_schema_json is not None or bool(self.configuration_updates)
 
 
-def commit_merge(
+def commit_on_snapshot(
     snapshot: TargetSnapshot,
     *,
     removes: Sequence[LiveFile],
@@ -163,7 +164,7 @@ def plan_commit(
 ) -> CommitPlan:
     """Validate the merge's file actions and build its commitInfo.
 
-    The files are checked as committed (:func:`~spark_jobs.delta_merge.commit_validity.check_commit_files`):
+    The files are checked as committed (:func:`~spark_jobs.delta_merge.commit.validity.check_commit_files`):
     this reads their sizes and Parquet footers, but writes nothing.
 
     :raises MergeExecutionError: a remove or an add is not valid; nothing is committed.
@@ -183,9 +184,6 @@ def plan_commit(
         json.dumps(dict(commit_metadata), allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise MergeSpecError(f"run.commit_metadata must be JSON-serializable (no NaN): {exc}.") from exc
-    # Imported here: commit_validity needs pyspark, and the Airflow side imports this module without it.
-    from spark_jobs.delta_merge.commit_validity import check_commit_files
-
     final_schema = new_schema if new_schema is not None else snapshot.schema
     check_commit_files(snapshot, removes, adds, schema=final_schema)
     token = str(uuid.uuid4())

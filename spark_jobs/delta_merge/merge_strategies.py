@@ -1,4 +1,4 @@
-"""The two merge executors: insert-only (append, never rewrite) and classic (find touched files, rewrite)."""
+"""The two merge strategies: insert_only_merge (append only) and classic_merge (touched files rewritten)."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ from spark_jobs.delta_merge.table_scan import file_key, scan_files
 from spark_jobs.delta_merge.touched_files import TouchedFiles, find_touched_files
 from spark_jobs.delta_merge.write import write_empty_change_file, write_merge_output
 
-__all__ = ["MergeOutcome", "execute_merge"]
+__all__ = ["MergeOutcome", "classic_merge", "execute_merge", "insert_only_merge"]
 
 log = logging.getLogger("delta_merge")
 
@@ -185,13 +185,13 @@ def execute_merge(
     )
     constraints = table_constraints(snapshot)
     if plan.parsed.is_insert_only:
-        return _insert_only(spark, source, snapshot=snapshot, plan=plan, candidates=candidates,
+        return insert_only_merge(spark, source, snapshot=snapshot, plan=plan, candidates=candidates,
                             constraints=constraints, target_file_size=target_file_size, dry_run=dry_run)
-    return _classic(spark, source, snapshot=snapshot, plan=plan, candidates=candidates,
+    return classic_merge(spark, source, snapshot=snapshot, plan=plan, candidates=candidates,
                     constraints=constraints, target_file_size=target_file_size, dry_run=dry_run)
 
 
-def _insert_only(
+def insert_only_merge(
     spark: SparkSession, source: DataFrame, *, snapshot: TargetSnapshot, plan: MergePlan,
     candidates: list[LiveFile], constraints: TableConstraints, target_file_size: int, dry_run: bool,
 ) -> MergeOutcome:
@@ -213,7 +213,7 @@ def _insert_only(
     return MergeOutcome(MergeMetrics(**values), (), adds, tuple(candidates))
 
 
-def _classic(
+def classic_merge(
     spark: SparkSession, source: DataFrame, *, snapshot: TargetSnapshot, plan: MergePlan,
     candidates: list[LiveFile], constraints: TableConstraints, target_file_size: int, dry_run: bool,
 ) -> MergeOutcome:

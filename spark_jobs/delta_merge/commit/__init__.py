@@ -1,0 +1,125 @@
+"""The commit stage, one unit: whether the merge already landed, and committing it as one Delta version.
+
+Delta's MergeIntoCommand ends in ``OptimisticTransaction.commit``; its parts live in this package:
+``actions`` (the commit's actions per PROTOCOL.md and one put-if-absent attempt), ``validity`` (the files
+checked as they will be committed), ``conflicts`` (Delta's WriteSerializable rules against what landed
+since the read), ``serializable`` (the compare-and-swap loop) and ``idempotency`` (app transactions).
+The pipeline calls :func:`applied_metrics` before it reads anything and :func:`commit_merge` at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from spark_jobs.delta_merge.column_mapping import mapping_mode, max_column_id_update
+from spark_jobs.delta_merge.commit.actions import plan_commit
+from spark_jobs.delta_merge.commit.conflicts import ReadSet
+from spark_jobs.delta_merge.commit.idempotency import applied_metrics
+from spark_jobs.delta_merge.commit.serializable import commit_serializably
+from spark_jobs.delta_merge.data_skipping import prune_files
+from spark_jobs.delta_merge.identity_columns import with_moved_high_water_marks
+from spark_jobs.delta_merge.metrics import MergeMetrics
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from spark_jobs.delta_merge.analysis import MergePlan
+    from spark_jobs.delta_merge.files import LiveFile
+    from spark_jobs.delta_merge.merge_strategies import MergeOutcome
+    from spark_jobs.delta_merge.snapshot import TargetSnapshot
+    from spark_jobs.delta_merge.spec import MergeSpec
+
+__all__ = ["applied_metrics", "commit_merge"]
+
+log = logging.getLogger("delta_merge")
+
+
+def commit_merge(
+    spark: SparkSession, spec: MergeSpec, *, snapshot: TargetSnapshot, plan: MergePlan, outcome: MergeOutcome,
+    metrics: MergeMetrics,
+) -> MergeMetrics:
+    """Commit the merge's files as one version on the latest one, under Delta's conflict rules, and
+    return its metrics with the version it landed on. A concurrent commit of the same app transaction
+    wins: its metrics come back, marked ``skipped``.
+
+    :raises ConcurrentModificationError: a conflicting commit landed since ``snapshot.version``.
+    :raises MergeExecutionError: a file is not valid as committed, or the commit could not be written.
+    """
+    # Moved identity high-water marks are a schema change committed with the data, as in Delta.
+    final_schema = with_moved_high_water_marks(
+        plan.final_schema, plan.tracked_identity, outcome.adds, table_uri=snapshot.table_uri,
+        column_mapping_mode=mapping_mode(snapshot.configuration),
+    )
+    commit_plan = plan_commit(
+        snapshot,
+        removes=outcome.removes,
+        adds=outcome.adds,
+        change_files=outcome.change_files,
+        new_schema=final_schema if final_schema != plan.target_schema else None,
+        configuration_updates=max_column_id_update(snapshot.configuration, final_schema),
+        operation_parameters=_operation_parameters(plan),
+        operation_metrics=metrics.operation_metrics(),
+        app_transaction=_app_transaction(spec),
+        commit_metadata={
+            "materializeSourceReason": metrics.materializeSourceReason, **spec.run.commit_metadata
+        },
+    )
+    read = ReadSet(
+        # Without target-only predicates (or with NOT MATCHED BY SOURCE) the merge read every file.
+        whole_table=not plan.target_only_predicates,
+        read_paths=frozenset(f.path for f in outcome.read),
+        removed_paths=frozenset(f.path for f in outcome.removes),
+        app_id=spec.run.app_id,
+        app_version=spec.run.app_version,
+        token=commit_plan.token,
+        serializable=snapshot.configuration.get("delta.isolationLevel") == "Serializable",
+    )
+
+    def matches_read(files: Sequence[LiveFile]) -> bool:
+        return bool(prune_files(spark, snapshot, files, predicates=plan.target_only_predicates,
+                                target_alias=plan.target_alias))
+
+    log.info("committing: %d files removed, %d added, read version %d",
+             len(outcome.removes), len(outcome.adds), snapshot.version)
+    landed = commit_serializably(
+        commit_plan, read, matches_read=matches_read, storage_options=dict(spec.target.storage_options)
+    )
+    if landed.already_applied:
+        log.info("MERGE not applied again: version %d already applied this app transaction", landed.version)
+        return MergeMetrics.from_commit(landed.version, landed.commit_info).with_values(skipped=True)
+    log.info("MERGE committed version %d", landed.version)
+    return metrics.with_values(tableVersion=landed.version)
+
+
+def _app_transaction(spec: MergeSpec) -> tuple[str, int] | None:
+    if spec.run.app_id is None or spec.run.app_version is None:
+        return None
+    return spec.run.app_id, spec.run.app_version
+
+
+def _operation_parameters(plan: MergePlan) -> dict[str, str]:
+    """operationParameters shaped as Delta records a MERGE (values are JSON strings)."""
+
+    def predicates(when: str) -> str:
+        items = []
+        for clause in plan.parsed.clauses_of(when):  # type: ignore[arg-type]
+            item: dict[str, str] = {"actionType": clause.action.replace("_all", "")}
+            if clause.condition is not None:
+                item = {"predicate": clause.condition, **item}
+            items.append(item)
+        return _compact_json(items)
+
+    return {
+        "predicate": _compact_json([plan.parsed.condition]),
+        "matchedPredicates": predicates("matched"),
+        "notMatchedPredicates": predicates("not_matched"),
+        "notMatchedBySourcePredicates": predicates("not_matched_by_source"),
+    }
+
+
+def _compact_json(value: object) -> str:
+    # Delta (Jackson) writes these without spaces: '[{"actionType":"update"}]'.
+    return json.dumps(value, separators=(",", ":"))
