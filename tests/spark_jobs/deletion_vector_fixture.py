@@ -18,6 +18,8 @@ from typing import Any
 
 from pyroaring import BitMap
 
+from tests.spark_jobs.table_feature_fixtures import replay
+
 _Z85 = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
 _MAGIC = 1681511377
 
@@ -54,30 +56,15 @@ def add_deletion_vectors(
 
     :returns: the descriptors written, in the order of ``vectors``.
     """
-    log = table / "_delta_log"
-    version = max(int(p.stem) for p in log.glob("*.json"))
-    adds: dict[str, dict[str, Any]] = {}
-    for v in range(version + 1):
-        for line in (log / f"{v:020d}.json").read_text().splitlines():
-            action = json.loads(line)
-            if "add" in action:
-                adds[action["add"]["path"]] = action["add"]
-            elif "remove" in action:
-                adds.pop(action["remove"]["path"], None)
-    metadata = None
-    for v in range(version + 1):
-        for line in (log / f"{v:020d}.json").read_text().splitlines():
-            action = json.loads(line)
-            if "metaData" in action:
-                metadata = action["metaData"]
-    assert metadata is not None
+    version, adds, metadata, protocol, _ = replay(table)
     config = {**metadata["configuration"], "delta.enableDeletionVectors": "true"}
     metadata = {**metadata, "configuration": config}
     now = int(time.time() * 1000)
     actions: list[dict[str, Any]] = [
         {"commitInfo": {"timestamp": now, "operation": "DELETE"}},
         {"protocol": {"minReaderVersion": 3, "minWriterVersion": 7,
-                      "readerFeatures": ["deletionVectors"], "writerFeatures": ["deletionVectors"]}},
+                      "readerFeatures": sorted({"deletionVectors", *protocol.get("readerFeatures", [])}),
+                      "writerFeatures": sorted({"deletionVectors", *protocol.get("writerFeatures", [])})}},
         {"metaData": metadata},
     ]  # fmt: skip
     descriptors = []
@@ -101,5 +88,5 @@ def add_deletion_vectors(
         actions.append({"add": {**add, "dataChange": True, "deletionVector": descriptor}})
         descriptors.append(descriptor)
     body = "".join(json.dumps(a) + "\n" for a in actions)
-    (log / f"{version + 1:020d}.json").write_text(body)
+    (table / "_delta_log" / f"{version + 1:020d}.json").write_text(body)
     return descriptors

@@ -19,7 +19,6 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 from spark_jobs.delta_merge.commit.actions import (
     MERGE_ENGINE,
     attempt_commit,
-    commit_on_snapshot,
     plan_commit,
 )
 from spark_jobs.delta_merge.delta_log import find_app_transaction_commit, read_commit_info
@@ -64,6 +63,13 @@ def _write(root: Path, partition: str, rows: dict[str, list[Any]]) -> WrittenFil
         num_records=data.num_rows,
         modification_time=1_700_000_000_000,
     )
+
+
+def commit_on_snapshot(snapshot: TargetSnapshot, **kwargs: Any) -> int:
+    """Plan the commit and attempt it on exactly ``snapshot.version`` (no conflict loop)."""
+    storage_options = kwargs.pop("storage_options", None)
+    return attempt_commit(plan_commit(snapshot, **kwargs), base_version=snapshot.version,
+                          storage_options=storage_options)
 
 
 def _commit(snapshot: TargetSnapshot, removes: list[LiveFile], adds: list[WrittenFile], **kwargs: Any) -> int:
@@ -256,12 +262,13 @@ def test_process_exits_cleanly_after_snapshot_and_commit(tmp_path: Path) -> None
     # deltalake's pyarrow-dataset path can abort at exit (rc 134); the paths used here must not.
     _table(tmp_path)
     script = textwrap.dedent(f"""
-        from spark_jobs.delta_merge.commit.actions import commit_on_snapshot
+        from spark_jobs.delta_merge.commit.actions import attempt_commit, plan_commit
         from spark_jobs.delta_merge.delta_log import read_commit_info
         from spark_jobs.delta_merge.snapshot import load_snapshot
         s = load_snapshot({str(tmp_path)!r})
-        v = commit_on_snapshot(s, removes=[s.files[0]], adds=[], new_schema=None, operation_parameters={{}},
-                         operation_metrics={{}}, app_transaction=("x", 1), commit_metadata={{}})
+        plan = plan_commit(s, removes=[s.files[0]], adds=[], new_schema=None, operation_parameters={{}},
+                           operation_metrics={{}}, app_transaction=("x", 1), commit_metadata={{}})
+        v = attempt_commit(plan, base_version=s.version)
         print(v, read_commit_info({str(tmp_path)!r}, v)["mergeEngine"])
     """)
     root = Path(__file__).resolve().parents[2]

@@ -42,7 +42,6 @@ __all__ = [
     "MERGE_OPERATION",
     "CommitPlan",
     "attempt_commit",
-    "commit_on_snapshot",
     "plan_commit",
 ]
 
@@ -113,39 +112,6 @@ class CommitPlan:
     @property
     def changes_metadata(self) -> bool:
         return self.new_schema_json is not None or bool(self.configuration_updates)
-
-
-def commit_on_snapshot(
-    snapshot: TargetSnapshot,
-    *,
-    removes: Sequence[LiveFile],
-    adds: Sequence[WrittenFile],
-    new_schema: StructType | None,
-    operation_parameters: Mapping[str, Any],
-    operation_metrics: Mapping[str, int],
-    app_transaction: tuple[str, int] | None,
-    commit_metadata: Mapping[str, Any],
-    isolation_level: str = "WriteSerializable",
-    storage_options: Mapping[str, str] | None = None,
-    configuration_updates: Mapping[str, str] | None = None,
-) -> int:
-    """Commit the merge on top of exactly ``snapshot.version``; return the committed version.
-
-    :raises ConcurrentModificationError: someone committed after ``snapshot.version``.
-    """
-    plan = plan_commit(
-        snapshot,
-        removes=removes,
-        adds=adds,
-        new_schema=new_schema,
-        operation_parameters=operation_parameters,
-        operation_metrics=operation_metrics,
-        app_transaction=app_transaction,
-        commit_metadata=commit_metadata,
-        isolation_level=isolation_level,
-        configuration_updates=configuration_updates,
-    )
-    return attempt_commit(plan, base_version=snapshot.version, storage_options=storage_options)
 
 
 def plan_commit(
