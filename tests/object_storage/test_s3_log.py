@@ -3,12 +3,14 @@ commit loop, checkpoints and the provider's commit lookup, against a real S3 API
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from pyspark.sql.types import LongType, StructField, StructType
 
 from airflow_merge_provider.hooks.merge_commit import find_merge_commit
 from spark_jobs.delta_merge.commit.actions import attempt_commit
@@ -23,7 +25,14 @@ from spark_jobs.delta_merge.delta_log import (
     read_commit_actions,
     table_version,
 )
-from spark_jobs.delta_merge.errors import ConcurrentModificationError
+from spark_jobs.delta_merge.errors import ConcurrentModificationError, TableStorageError
+from spark_jobs.delta_merge.identity_columns import (
+    ALLOW_EXPLICIT_INSERT,
+    HIGH_WATER_MARK,
+    START,
+    STEP,
+    with_moved_high_water_marks,
+)
 from spark_jobs.delta_merge.log_store import log_store, write_commit
 from spark_jobs.delta_merge.snapshot import load_snapshot
 from tests.delta_reader import read_rows
@@ -217,3 +226,21 @@ def test_deltalake_only_and_client_options_reach_the_right_place(
     options = s3_server.storage_options(**scheme_options)
     assert latest_version(uri, known=0, storage_options=options) == 0
     assert load_snapshot(uri, storage_options=options).version == 0
+
+
+def test_identity_marks_are_read_from_new_files_on_s3(s3_server: S3Server, bucket: str) -> None:
+    # Statistics that leave the identity column out make the commit read the column from the new files.
+    uri = f"s3://{bucket}/identity"
+    written = dataclasses.replace(write_file(s3_server, uri, "a", [4, 12, 7]), stats_json='{"numRecords": 3}')
+    identity = {START: 1, STEP: 1, HIGH_WATER_MARK: 3, ALLOW_EXPLICIT_INSERT: True}
+    schema = StructType([StructField("id", LongType(), False, identity)])
+
+    moved = with_moved_high_water_marks(
+        schema, ["id"], [written], table_uri=uri, storage_options=s3_server.storage_options()
+    )
+
+    assert moved["id"].metadata[HIGH_WATER_MARK] == 12
+    bad = s3_server.storage_options(AWS_SECRET_ACCESS_KEY="wrong-secret-for-identity")
+    expected = f"Reading identity column id from the merge's new files of table {uri} failed"
+    with pytest.raises(TableStorageError, match=expected):
+        with_moved_high_water_marks(schema, ["id"], [written], table_uri=uri, storage_options=bad)
