@@ -2,7 +2,10 @@
 
 moto checks signatures and IAM policies once ``INITIAL_NO_AUTH_ACTION_COUNT`` unauthenticated actions
 have been served. Those first actions create the IAM users whose keys the tests use, so every later
-request, by any client, must be signed with a key moto issued: a wrong secret really fails.
+request, by any client, must be signed with a key moto issued: a wrong secret really fails. moto honours
+``If-None-Match: *`` on PUT, which object_store sends for put-if-absent (``PutMode::Create``) without any
+``conditional_put`` setting; the server runs moto's app one request at a time so that check is atomic
+(see ``moto_serialized_server``).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 __all__ = ["S3Server", "start_s3_server"]
@@ -91,7 +95,7 @@ def start_s3_server(*, timeout: float = 60.0) -> S3Server:
     port = _free_port()
     env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": str(_SETUP_ACTIONS)}
     process = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        [sys.executable, str(Path(__file__).with_name("moto_serialized_server.py")), "127.0.0.1", str(port)],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:

@@ -113,6 +113,29 @@ def test_put_if_absent_is_conditional_on_the_server(s3_server: S3Server, bucket:
     assert b'"first"' in body
     assert b'"second"' not in body
 
+    # Eight writers race for each of the next versions, each through its own store (own connections).
+    stores = [log_store(f"s3://{bucket}/raw", s3_server.storage_options()) for _ in range(8)]
+    for version in range(1, 6):
+        start = threading.Barrier(len(stores))
+        won: list[int] = []
+
+        def race(
+            index: int, version: int = version, start: threading.Barrier = start, won: list[int] = won
+        ) -> None:
+            start.wait()
+            if write_commit(stores[index], version, [{"commitInfo": {"writer": index}}]):
+                won.append(index)
+
+        threads = [threading.Thread(target=race, args=(i,)) for i in range(len(stores))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        assert len(won) == 1
+        key = f"raw/_delta_log/{version:020d}.json"
+        body = s3_server.client().get_object(Bucket=bucket, Key=key)["Body"].read()
+        assert f'"writer":{won[0]}'.encode() in body
+
 
 def test_two_commits_on_one_base_version_exactly_one_lands(s3_server: S3Server, bucket: str) -> None:
     uri = f"s3://{bucket}/race"
