@@ -207,3 +207,21 @@ def test_storage_failures_mask_secrets_even_when_the_cause_quotes_them() -> None
     assert "token-abc-123" not in str(error)
     assert str(error).startswith("Reading the Delta log of table s3://b/t failed. Check ")
     assert "signed with *** and ***" in str(error)
+
+
+def test_rereading_the_row_id_base_with_a_wrong_secret_key_fails_clearly(
+    s3_server: S3Server, bucket: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A commit that assigns row ids and lands on a newer version than it read replays the log first.
+    uri = f"s3://{bucket}/tracked"
+    options = create_table(s3_server, uri)
+    snapshot = load_snapshot(uri, storage_options=options)
+    merge = dataclasses.replace(plan(snapshot, [write_file(s3_server, uri, "a", [9])]), assigns_row_ids=True)
+    write_deltalake(uri, pa.table({"id": pa.array([3], pa.int64()), "p": ["c"]}), mode="append",
+                    storage_options=options)  # fmt: skip
+    bad = s3_server.storage_options(AWS_SECRET_ACCESS_KEY=WRONG_SECRET)
+    text = _failure(lambda: attempt_commit(merge, base_version=1, storage_options=bad), TableStorageError,
+                    caplog)  # fmt: skip
+    operation = "Reading the row id high-water mark and in-commit timestamp at version 1"
+    assert f"{operation} of table {uri} failed" in text
+    _assert_clean(text, s3_server)

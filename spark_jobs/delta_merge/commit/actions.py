@@ -345,9 +345,12 @@ def _base_state(
     # Imported here: delta_log reads checkpoints with pyarrow, which the Airflow side does not need.
     from spark_jobs.delta_merge.delta_log import replay_log
 
+    operation = f"reading the row id high-water mark and in-commit timestamp at version {base_version}"
     try:
         state = replay_log(log_store(plan.table_uri, storage_options), base_version)
-    except (OSError, StoreError, ValueError, KeyError) as exc:
+    except (OSError, StoreError) as exc:
+        raise storage_failure(plan.table_uri, operation, exc, storage_options) from exc
+    except (ValueError, KeyError) as exc:
         raise MergeExecutionError(
             f"Cannot read the row id high-water mark and in-commit timestamp of {plan.table_uri} at "
             f"version {base_version} to commit on it: {_first_line(exc)}"
