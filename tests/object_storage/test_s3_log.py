@@ -25,7 +25,7 @@ from spark_jobs.delta_merge.delta_log import (
     read_commit_actions,
     table_version,
 )
-from spark_jobs.delta_merge.errors import ConcurrentModificationError, TableStorageError
+from spark_jobs.delta_merge.errors import ConcurrentModificationError, MergeExecutionError, TableStorageError
 from spark_jobs.delta_merge.identity_columns import (
     ALLOW_EXPLICIT_INSERT,
     HIGH_WATER_MARK,
@@ -267,3 +267,21 @@ def test_identity_marks_are_read_from_new_files_on_s3(s3_server: S3Server, bucke
     expected = f"Reading identity column id from the merge's new files of table {uri} failed"
     with pytest.raises(TableStorageError, match=expected):
         with_moved_high_water_marks(schema, ["id"], [written], table_uri=uri, storage_options=bad)
+
+
+def test_commit_validity_reads_the_new_files_on_s3(s3_server: S3Server, bucket: str) -> None:
+    uri = f"s3://{bucket}/validated"
+    options = create_table(s3_server, uri)
+    snapshot = load_snapshot(uri, storage_options=options)
+    good = write_file(s3_server, uri, "a", [5])
+    missing = dataclasses.replace(good, path="p=a/never-written.parquet")
+    resized = dataclasses.replace(write_file(s3_server, uri, "b", [6]), size=good.size + 1)
+
+    with pytest.raises(MergeExecutionError) as refused:
+        plan(snapshot, [good, missing, resized])
+
+    message = str(refused.value)
+    assert f"no file at {bucket}/validated/p=a/never-written.parquet" in message
+    assert f"with size {good.size + 1}, but the file has" in message
+    assert repr(good.path) not in message
+    assert plan(snapshot, [good]).adds == (good,)
