@@ -3,25 +3,30 @@ DuckDB's Delta extension (delta-kernel-rs), as every Delta reader must be able t
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
 
-def read_table(path: str | Path, *, where: str | None = None) -> pa.Table:
+def read_table(
+    path: str | Path, *, where: str | None = None, storage_options: Mapping[str, str] | None = None
+) -> pa.Table:
     """All live rows of the latest version (deltalake's query engine, not its pyarrow-dataset path,
     which can abort the process at exit)."""
     from deltalake import DeltaTable, QueryBuilder
 
-    table = DeltaTable(str(path))
+    table = DeltaTable(str(path), storage_options=dict(storage_options) if storage_options else None)
     sql = "SELECT * FROM t" + (f" WHERE {where}" if where else "")
     return pa.table(QueryBuilder().register("t", table).execute(sql).read_all())
 
 
-def read_rows(path: str | Path, *, columns: list[str] | None = None) -> list[list[Any]]:
+def read_rows(
+    path: str | Path, *, columns: list[str] | None = None, storage_options: Mapping[str, str] | None = None
+) -> list[list[Any]]:
     """Rows as lists in the table's column order (or ``columns``)."""
-    table = read_table(path)
+    table = read_table(path, storage_options=storage_options)
     names = columns or table.column_names
     data = table.select(names).to_pylist()
     return [[row[n] for n in names] for row in data]

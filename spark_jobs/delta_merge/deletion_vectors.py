@@ -18,11 +18,13 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import obstore
+from obstore.exceptions import BaseError as StoreError
+from obstore.exceptions import NotFoundError
 from obstore.store import ObjectStore
 from pyroaring import BitMap
 
 from spark_jobs.delta_merge.errors import MergeExecutionError
-from spark_jobs.delta_merge.log_store import log_store
+from spark_jobs.delta_merge.log_store import log_store, storage_failure
 
 __all__ = ["DeletionVector", "deleted_rows", "z85_decode"]
 
@@ -66,16 +68,24 @@ class DeletionVector:
         )  # fmt: skip
 
 
-def deleted_rows(store: ObjectStore, table_uri: str, vector: DeletionVector) -> list[int]:
+def deleted_rows(
+    store: ObjectStore,
+    table_uri: str,
+    vector: DeletionVector,
+    *,
+    storage_options: Mapping[str, str] | None = None,
+) -> list[int]:
     """The row indexes (0-based, in file order) ``vector`` deletes, sorted.
 
     :param store: the store rooted at the table (see :func:`log_store`), for ``u`` vectors.
+    :param storage_options: how to reach the store of a ``p`` vector (an absolute path).
     :raises MergeExecutionError: the vector's file is missing, or its data is corrupt.
+    :raises TableStorageError: the store refused or failed the read.
     """
     if vector.storage_type == "i":
         data = z85_decode(vector.path_or_inline_dv)[: vector.size_in_bytes]
     elif vector.storage_type in ("u", "p"):
-        data = _stored(store, table_uri, vector)
+        data = _stored(store, table_uri, vector, storage_options)
     else:
         raise MergeExecutionError(f"Unknown deletion vector storage type {vector.storage_type!r}.")
     rows = _bitmap_array(data, vector)
@@ -100,7 +110,9 @@ def z85_decode(text: str) -> bytes:
     return bytes(out)
 
 
-def _stored(store: ObjectStore, table_uri: str, vector: DeletionVector) -> bytes:
+def _stored(
+    store: ObjectStore, table_uri: str, vector: DeletionVector, storage_options: Mapping[str, str] | None
+) -> bytes:
     if vector.storage_type == "u":
         encoded = vector.path_or_inline_dv
         prefix, dv_id = encoded[:-_UUID_CHARS], uuid.UUID(bytes=z85_decode(encoded[-_UUID_CHARS:]))
@@ -110,16 +122,20 @@ def _stored(store: ObjectStore, table_uri: str, vector: DeletionVector) -> bytes
         where = vector.path_or_inline_dv
         parts = urlsplit(where)
         parent, _, name = parts.path.rpartition("/")
-        store = log_store(f"{parts.scheme}://{parts.netloc}{parent}" if parts.scheme else parent)
+        root = f"{parts.scheme}://{parts.netloc}{parent}" if parts.scheme else parent
+        store = log_store(root, storage_options)
         path = name
     offset = 1 if vector.offset is None else vector.offset
     try:
         raw = bytes(obstore.get_range(store, path, start=offset, length=vector.size_in_bytes + 8))
-    except (FileNotFoundError, OSError) as exc:
+    except (FileNotFoundError, NotFoundError) as exc:
         raise MergeExecutionError(
             f"Cannot read deletion vector file {where}: {exc}. A live file's deletion vector is missing; "
             "check that VACUUM did not remove it."
         ) from exc
+    except (OSError, StoreError) as exc:
+        operation = f"reading deletion vector file {path}"
+        raise storage_failure(table_uri, operation, exc, storage_options) from exc
     (size,) = struct.unpack(">i", raw[:4])
     data = raw[4 : 4 + vector.size_in_bytes]
     (checksum,) = struct.unpack(">I", raw[4 + vector.size_in_bytes : 8 + vector.size_in_bytes])

@@ -31,7 +31,13 @@ from obstore.store import ObjectStore
 from spark_jobs.delta_merge.contract import MERGE_ENGINE, MERGE_OPERATION
 from spark_jobs.delta_merge.deletion_vectors import DeletionVector
 from spark_jobs.delta_merge.errors import MergeAnalysisError
-from spark_jobs.delta_merge.log_store import commit_path, log_store, read_commit
+from spark_jobs.delta_merge.log_store import (
+    commit_path,
+    log_store,
+    read_commit,
+    storage_errors,
+    storage_failure,
+)
 from spark_jobs.delta_merge.log_store import latest_version as _probe_latest
 
 __all__ = [
@@ -193,7 +199,8 @@ def read_commit_actions(
         store = log_store(_normalized_uri(uri), storage_options)
     except FileNotFoundError:
         return None
-    return read_commit(store, version)
+    with storage_errors(uri, f"reading {commit_path(version)}", storage_options):
+        return read_commit(store, version)
 
 
 def commit_info_of(actions: list[dict[str, Any]]) -> dict[str, Any]:
@@ -219,7 +226,9 @@ def read_commit_info(
 
 def latest_version(uri: str, *, known: int, storage_options: Mapping[str, str] | None = None) -> int:
     """The latest committed version, at least ``known`` (which must exist)."""
-    return _probe_latest(log_store(_normalized_uri(uri), storage_options), known)
+    store = log_store(_normalized_uri(uri), storage_options)
+    with storage_errors(uri, f"probing the Delta log for commits after version {known}", storage_options):
+        return _probe_latest(store, known)
 
 
 def table_version(uri: str, *, storage_options: Mapping[str, str] | None = None) -> int:
@@ -251,7 +260,8 @@ def find_app_transaction_commit(
         return None
     store = log_store(table.table_uri, storage_options)
     for version in range(table.version(), -1, -1):
-        actions = read_commit(store, version)
+        with storage_errors(uri, f"reading {commit_path(version)}", storage_options):
+            actions = read_commit(store, version)
         if actions is None:
             return None
         for txn in (a["txn"] for a in actions if "txn" in a):
@@ -286,6 +296,8 @@ def _open(uri: str, storage_options: Mapping[str, str] | None) -> deltalake.Delt
         return deltalake.DeltaTable(_normalized_uri(uri), storage_options=options)
     except DeltaError as exc:
         raise MergeAnalysisError(f"Cannot read the Delta log of {uri}: {_first_line(exc)}") from exc
+    except OSError as exc:  # deltalake raises the store's errors (credentials, bucket) as OSError
+        raise storage_failure(uri, "reading the Delta log", exc, storage_options) from exc
 
 
 def _first_line(exc: Exception) -> str:

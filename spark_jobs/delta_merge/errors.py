@@ -16,6 +16,7 @@ __all__ = [
     "MergeJobError",
     "MergeSpecError",
     "MultipleSourceRowMatchesError",
+    "TableStorageError",
     "UnsupportedTableFeatureError",
     "spark_failure",
 ]
@@ -115,6 +116,11 @@ class MergeExecutionError(MergeJobError):
 
 class ConcurrentModificationError(MergeJobError):
     """A concurrent commit conflicts with this merge under Delta's isolation rules."""
+
+
+class TableStorageError(MergeJobError):
+    """A request to the table's store failed or was refused: credentials, permissions, a missing bucket,
+    the endpoint. The message names the table, the operation and what to check; never a secret."""
 
 
 class ExpectationFailedError(MergeJobError):

@@ -12,7 +12,6 @@ direction. The new mark is the furthest value the merge wrote into such a column
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import unquote
@@ -21,9 +20,11 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructField, StructType
 
+from spark_jobs.delta_merge.arrow_store import arrow_filesystem
 from spark_jobs.delta_merge.column_mapping import physical_name
 from spark_jobs.delta_merge.errors import MergeAnalysisError
 from spark_jobs.delta_merge.files import WrittenFile
+from spark_jobs.delta_merge.log_store import storage_errors
 from spark_jobs.delta_merge.spec import MergeClause, ParsedMerge
 
 __all__ = [
@@ -219,7 +220,8 @@ def moved_high_water_mark(column: IdentityColumn, written: Iterable[int]) -> int
 
 
 def _written_extremes(
-    column: IdentityColumn, key: str, adds: Sequence[WrittenFile], *, table_uri: str
+    column: IdentityColumn, key: str, adds: Sequence[WrittenFile], *, table_uri: str,
+    storage_options: Mapping[str, str] | None,
 ) -> list[int]:
     """Per written file, its furthest value of the column: from the file's statistics, or read from the
     file when the statistics leave the column out (not among the indexed columns). ``key`` is the
@@ -239,21 +241,23 @@ def _written_extremes(
         elif stats.get("nullCount", {}).get(key) != stats.get("numRecords", -1):
             unindexed.append(written)
     if unindexed:
-        extremes += _read_extremes(column, key, unindexed, table_uri=table_uri)
+        operation = f"reading identity column {key} from the merge's new files"
+        with storage_errors(table_uri, operation, storage_options):
+            extremes += _read_extremes(
+                column, key, unindexed, table_uri=table_uri, storage_options=storage_options
+            )
     return extremes
 
 
 def _read_extremes(
-    column: IdentityColumn, key: str, adds: Sequence[WrittenFile], *, table_uri: str
+    column: IdentityColumn, key: str, adds: Sequence[WrittenFile], *, table_uri: str,
+    storage_options: Mapping[str, str] | None,
 ) -> list[int]:
     import pyarrow.compute as pc
-    import pyarrow.fs as pafs
     import pyarrow.parquet as pq
 
-    if "://" in table_uri or table_uri.startswith("file:"):
-        fs, base = pafs.FileSystem.from_uri(table_uri.rstrip("/"))
-    else:
-        fs, base = pafs.LocalFileSystem(), os.path.abspath(table_uri)
+    # The table's own store: its storage options reach S3, and a remote table is never read as a local path.
+    fs, base = arrow_filesystem(table_uri, storage_options)
     extremes: list[int] = []
     for written in adds:
         with fs.open_input_file(f"{base.rstrip('/')}/{unquote(written.path)}") as handle:
@@ -265,7 +269,7 @@ def _read_extremes(
 
 def with_moved_high_water_marks(
     schema: StructType, tracked: Iterable[str], adds: Sequence[WrittenFile], *, table_uri: str,
-    column_mapping_mode: str = "none",
+    column_mapping_mode: str = "none", storage_options: Mapping[str, str] | None = None,
 ) -> StructType:
     """``schema`` with the mark of every tracked identity column moved past what the merge wrote.
 
@@ -283,7 +287,10 @@ def with_moved_high_water_marks(
         mark = None
         if column is not None and field.name.lower() in names:
             key = physical_name(field, column_mapping_mode)
-            mark = moved_high_water_mark(column, _written_extremes(column, key, adds, table_uri=table_uri))
+            extremes = _written_extremes(
+                column, key, adds, table_uri=table_uri, storage_options=storage_options
+            )
+            mark = moved_high_water_mark(column, extremes)
         if mark is None:
             fields.append(field)
         else:

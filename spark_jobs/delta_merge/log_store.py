@@ -9,15 +9,47 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import obstore
-from obstore.exceptions import AlreadyExistsError, NotFoundError
+from obstore.exceptions import AlreadyExistsError, NotFoundError, PermissionDeniedError, UnauthenticatedError
+from obstore.exceptions import BaseError as StoreError
 from obstore.store import LocalStore, ObjectStore, from_url
 
-__all__ = ["commit_path", "latest_version", "log_store", "read_commit", "write_commit"]
+from spark_jobs.delta_merge.errors import TableStorageError
+
+__all__ = [
+    "commit_path",
+    "latest_version",
+    "log_store",
+    "read_commit",
+    "redacted",
+    "storage_errors",
+    "storage_failure",
+    "write_commit",
+]
+
+# object_store's HTTP client options: obstore takes them apart from the store's config (given there, they
+# make it panic). Keys are compared lowercased, without their aws_/azure_/google_ prefix.
+_CLIENT_OPTIONS = frozenset({
+    "allow_http", "allow_invalid_certificates", "connect_timeout", "default_content_type", "http1_only",
+    "http2_keep_alive_interval", "http2_keep_alive_timeout", "http2_keep_alive_while_idle", "http2_only",
+    "pool_idle_timeout", "pool_max_idle_per_host", "proxy_ca_certificate", "proxy_excludes", "proxy_url",
+    "randomize_addresses", "timeout", "user_agent",
+})  # fmt: skip
+# deltalake's own storage options (locking and rename policy), which object_store does not know.
+_DELTALAKE_ONLY = frozenset({
+    "aws_s3_allow_unsafe_rename", "aws_s3_locking_provider", "aws_s3_lock_table_name",
+    "delta_dynamo_table_name",
+    "dynamo_lock_table_name", "dynamo_lock_owner_name", "dynamo_lock_partition_key_value",
+    "dynamo_lock_refresh_period_millis", "dynamo_lock_additional_time_to_wait_millis",
+    "dynamo_lock_lease_duration", "aws_endpoint_url_dynamodb", "max_retries", "retry_timeout",
+})  # fmt: skip
+# Words of option keys whose values must never reach a message or a log record.
+_SECRET_WORDS = ("secret", "token", "password", "sas", "signature", "credential", "account_key", "private")
 
 
 def commit_path(version: int) -> str:
@@ -36,7 +68,73 @@ def log_store(table_uri: str, storage_options: Mapping[str, str] | None = None) 
         if not os.path.isdir(root):
             raise FileNotFoundError(f"{root} is not a directory")
         return LocalStore(prefix=root)
-    return from_url(table_uri.rstrip("/"), config=dict(storage_options or {}))  # type: ignore[call-overload, no-any-return]
+    config, client = _split_options(storage_options or {})
+    try:
+        return from_url(table_uri.rstrip("/"), config=config, client_options=client)  # type: ignore[call-overload, no-any-return]
+    except (StoreError, ValueError) as exc:
+        raise storage_failure(table_uri, "opening the table's store", exc, storage_options) from exc
+
+
+def _split_options(options: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """deltalake-style storage options as obstore's (store config, HTTP client options)."""
+    config: dict[str, str] = {}
+    client: dict[str, str] = {}
+    for key, value in options.items():
+        name = key.lower()
+        bare = name.split("_", 1)[1] if name.startswith(("aws_", "azure_", "google_")) else name
+        if bare in _CLIENT_OPTIONS:
+            client[bare] = value
+        elif name not in _DELTALAKE_ONLY:
+            config[name] = value
+    return config, client
+
+
+def redacted(text: str, storage_options: Mapping[str, str] | None) -> str:
+    """``text`` with the values of secret storage options (keys, tokens, passwords) masked."""
+    for key, value in (storage_options or {}).items():
+        if value and len(value) >= 4 and any(word in key.lower() for word in _SECRET_WORDS):
+            text = text.replace(value, "***")
+    return text
+
+
+def storage_failure(
+    table_uri: str,
+    operation: str,
+    exc: BaseException,
+    storage_options: Mapping[str, str] | None,
+    *,
+    note: str = "",
+) -> TableStorageError:
+    """The job's error for a failed request to the table's store, naming the table, the operation, what
+    to check and the cause (secrets masked).
+
+    :param operation: what failed, e.g. ``"reading the Delta log"``.
+    :param note: a sentence to end the message with.
+    """
+    if isinstance(exc, (PermissionDeniedError, UnauthenticatedError, PermissionError)):
+        check = "the access key and secret key in storage_options, and that the key may access the table"
+    elif isinstance(exc, (FileNotFoundError, NotFoundError)):
+        check = "that the bucket (or container) and the table path exist"
+    else:
+        check = (
+            "the endpoint, region and credentials in storage_options, that the bucket exists and that the "
+            "key may access the table"
+        )
+    cause = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    text = f"{operation[:1].upper()}{operation[1:]} of table {table_uri} failed. Check {check}. Cause: "
+    text += f"{type(exc).__name__}: {cause}" + (f" {note}" if note else "")
+    return TableStorageError(redacted(text, storage_options))
+
+
+@contextmanager
+def storage_errors(
+    table_uri: str, operation: str, storage_options: Mapping[str, str] | None = None
+) -> Iterator[None]:
+    """Turn the store's errors (obstore's, OSError) inside the block into :class:`TableStorageError`."""
+    try:
+        yield
+    except (StoreError, OSError) as exc:
+        raise storage_failure(table_uri, operation, exc, storage_options) from exc
 
 
 def read_commit(store: ObjectStore, version: int) -> list[dict[str, Any]] | None:

@@ -22,7 +22,7 @@ from spark_jobs.delta_merge.delta_log import LogState, replay_log
 from spark_jobs.delta_merge.delta_schema import spark_schema_from_delta
 from spark_jobs.delta_merge.errors import MergeAnalysisError, MergeExecutionError
 from spark_jobs.delta_merge.files import FileStats, LiveFile
-from spark_jobs.delta_merge.log_store import log_store
+from spark_jobs.delta_merge.log_store import log_store, storage_errors, storage_failure
 
 __all__ = ["TableProtocol", "TargetSnapshot", "file_uri", "load_snapshot", "relative_path_from_uri"]
 
@@ -91,6 +91,9 @@ def load_snapshot(
         protocol_versions = table.protocol()
         actions = pa.table(table.get_add_actions(flatten=False))
         log_state = _log_state(table, protocol_versions, options)
+    except OSError as exc:  # deltalake raises the store's errors (credentials, bucket) as OSError
+        operation = f"reading the Delta log at version {table.version()}"
+        raise storage_failure(uri, operation, exc, options) from exc
     except DeltaError as exc:
         raise MergeAnalysisError(
             f"Cannot read the Delta log of target {uri} at version {table.version()}: {_first_line(exc)}. "
@@ -185,13 +188,15 @@ def _open_table(uri: str, options: dict[str, str] | None, version: int | None) -
         ) from exc
     except DeltaError as exc:
         raise MergeAnalysisError(_load_failure(uri, options, version, exc)) from exc
+    except OSError as exc:  # deltalake raises the store's errors (credentials, bucket) as OSError
+        raise storage_failure(uri, "reading the Delta log", exc, options) from exc
 
 
 def _load_failure(uri: str, options: dict[str, str] | None, version: int | None, exc: Exception) -> str:
     if version is not None:
         try:
             latest = deltalake.DeltaTable(uri, storage_options=options).version()
-        except DeltaError:
+        except (DeltaError, OSError):
             latest = None
         if latest is not None:
             if version > latest:
@@ -228,9 +233,14 @@ def _log_state(
     # domain metadata or in-commit timestamps: replay the log for them, only for tables with features.
     if not (protocol.reader_features or protocol.writer_features):
         return LogState()
+    operation = (
+        "reading deletion vectors, row tracking fields and domains from the Delta log at version "
+        f"{table.version()}"
+    )
     try:
-        return replay_log(log_store(table.table_uri, options), table.version())
-    except (OSError, ValueError, KeyError) as exc:
+        with storage_errors(table.table_uri, operation, options):
+            return replay_log(log_store(table.table_uri, options), table.version())
+    except (ValueError, KeyError) as exc:
         raise MergeAnalysisError(
             f"Cannot read the deletion vectors, row tracking fields and domain metadata of target "
             f"{table.table_uri} at version {table.version()}: {exc}. Check that _delta_log/ is intact."

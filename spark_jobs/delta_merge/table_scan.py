@@ -76,7 +76,9 @@ def _read_live_rows(
             (file_key(snapshot, f), row)
             for f in with_dv
             if f.deletion_vector is not None
-            for row in deleted_rows(store, snapshot.table_uri, f.deletion_vector)
+            for row in deleted_rows(
+                store, snapshot.table_uri, f.deletion_vector, storage_options=snapshot.storage_options
+            )
         ]
         deleted_schema = StructType(
             [StructField(FILE_KEY_COLUMN, StringType()), StructField(_ROW_INDEX, LongType())]

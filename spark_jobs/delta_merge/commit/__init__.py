@@ -51,7 +51,7 @@ def commit_merge(
     # Moved identity high-water marks are a schema change committed with the data, as in Delta.
     final_schema = with_moved_high_water_marks(
         plan.final_schema, plan.tracked_identity, outcome.adds, table_uri=snapshot.table_uri,
-        column_mapping_mode=mapping_mode(snapshot.configuration),
+        column_mapping_mode=mapping_mode(snapshot.configuration), storage_options=snapshot.storage_options,
     )
     commit_plan = plan_commit(
         snapshot,

@@ -28,7 +28,7 @@ from spark_jobs.delta_merge.errors import (
     MergeSpecError,
 )
 from spark_jobs.delta_merge.files import LiveFile, WrittenFile
-from spark_jobs.delta_merge.log_store import log_store, write_commit
+from spark_jobs.delta_merge.log_store import commit_path, log_store, redacted, storage_failure, write_commit
 from spark_jobs.delta_merge.row_tracking import assign_row_ids, high_water_mark, row_tracking
 
 if TYPE_CHECKING:
@@ -220,13 +220,16 @@ def attempt_commit(
     """
     version = base_version + 1
     actions = commit_actions(plan, storage_options=storage_options, base_version=base_version)
+    store = log_store(plan.table_uri, storage_options)
     try:
-        written = write_commit(log_store(plan.table_uri, storage_options), version, actions)
+        written = write_commit(store, version, actions)
     except (OSError, StoreError) as exc:
-        raise MergeExecutionError(
-            f"Commit to {plan.table_uri} on version {base_version} failed: {_first_line(exc)}. Before "
-            "retrying, check with find_app_transaction_commit or the table history whether it landed."
-        ) from exc
+        operation = f"writing commit {commit_path(version).rsplit('/', 1)[-1]} (on version {base_version})"
+        raise storage_failure(
+            plan.table_uri, operation, exc, storage_options,
+            note="Before retrying, check with find_app_transaction_commit or the table history whether "
+            "it landed.",
+        ) from exc  # fmt: skip
     if not written:
         raise ConcurrentModificationError(
             "ConcurrentWriteException: A concurrent transaction has written new data since the current "
@@ -308,9 +311,12 @@ def _base_state(
     # Imported here: delta_log reads checkpoints with pyarrow, which the Airflow side does not need.
     from spark_jobs.delta_merge.delta_log import replay_log
 
+    operation = f"reading the row id high-water mark and in-commit timestamp at version {base_version}"
     try:
         state = replay_log(log_store(plan.table_uri, storage_options), base_version)
-    except (OSError, StoreError, ValueError, KeyError) as exc:
+    except (OSError, StoreError) as exc:
+        raise storage_failure(plan.table_uri, operation, exc, storage_options) from exc
+    except (ValueError, KeyError) as exc:
         raise MergeExecutionError(
             f"Cannot read the row id high-water mark and in-commit timestamp of {plan.table_uri} at "
             f"version {base_version} to commit on it: {_first_line(exc)}"
@@ -328,7 +334,7 @@ def _metadata_action(
         current = deltalake.DeltaTable(
             plan.table_uri, version=base_version, storage_options=options
         ).metadata()
-    except DeltaError as exc:
+    except (DeltaError, OSError) as exc:
         raise MergeExecutionError(
             f"Cannot read the metadata of {plan.table_uri} at version {base_version} to commit the merge's "
             f"schema change: {_first_line(exc)}"
@@ -358,7 +364,8 @@ def _checkpoint_if_due(plan: CommitPlan, version: int, storage_options: Mapping[
     try:
         deltalake.DeltaTable(plan.table_uri, version=version, storage_options=options).create_checkpoint()
     except (DeltaError, OSError) as exc:  # the commit stands; the next due version writes one again
-        log.warning("checkpoint of %s at version %d failed: %s", plan.table_uri, version, _first_line(exc))
+        cause = redacted(_first_line(exc), storage_options)
+        log.warning("checkpoint of %s at version %d failed: %s", plan.table_uri, version, cause)
 
 
 def _checkpoint_interval(configuration: Mapping[str, str]) -> int:

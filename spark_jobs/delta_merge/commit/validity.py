@@ -19,9 +19,11 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from pyspark.sql.types import StructType
 
+from spark_jobs.delta_merge.arrow_store import arrow_filesystem
 from spark_jobs.delta_merge.column_mapping import mapping_mode, partition_keys, physical_arrow_schema
 from spark_jobs.delta_merge.errors import MergeExecutionError
 from spark_jobs.delta_merge.files import LiveFile, WrittenFile
+from spark_jobs.delta_merge.log_store import storage_errors
 from spark_jobs.delta_merge.row_tracking import row_tracking
 from spark_jobs.delta_merge.snapshot import TargetSnapshot
 from spark_jobs.delta_merge.write import arrow_schema
@@ -54,7 +56,8 @@ def check_commit_files(
         # Row tracking's materialized columns are in the files but not in the schema.
         tracking = row_tracking(snapshot)
         hidden = frozenset(tracking.materialized_columns if tracking is not None else ())
-        problems += _file_problems(snapshot.table_uri, placed, expected, hidden)
+        with storage_errors(snapshot.table_uri, "checking the merge's new files", snapshot.storage_options):
+            problems += _file_problems(snapshot, placed, expected, hidden)
     if problems:
         shown = problems[:10] + ([f"and {len(problems) - 10} more problems"] if len(problems) > 10 else [])
         raise MergeExecutionError(
@@ -95,13 +98,10 @@ def _path_problem(path: str) -> str | None:
 
 
 def _file_problems(
-    table_uri: str, adds: Sequence[WrittenFile], expected: pa.Schema, hidden: frozenset[str] = frozenset()
+    snapshot: TargetSnapshot, adds: Sequence[WrittenFile], expected: pa.Schema, hidden: frozenset[str]
 ) -> list[str]:
-    # The same file system and base path the write tasks used (write_task._TaskWriter).
-    if "://" in table_uri or table_uri.startswith("file:"):
-        fs, base = pafs.FileSystem.from_uri(table_uri.rstrip("/"))
-    else:
-        fs, base = pafs.LocalFileSystem(), os.path.abspath(table_uri)
+    # The table's own store (its storage options reach S3), never a local path for a remote table.
+    fs, base = arrow_filesystem(snapshot.table_uri, snapshot.storage_options)
     full_paths = [f"{base.rstrip('/')}/{unquote(f.path)}" for f in adds]
     infos = fs.get_file_info(full_paths)
     problems: list[str] = []

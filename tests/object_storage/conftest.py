@@ -1,0 +1,26 @@
+"""Fixtures for tables in object storage: one moto S3 server per test session, a fresh bucket per test."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from tests.s3_server import S3Server, start_s3_server
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    """A real S3 API (moto) on 127.0.0.1 that checks request signatures and IAM permissions."""
+    server = start_s3_server()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def bucket(s3_server: S3Server) -> str:
+    """A new, empty bucket (tests never share tables)."""
+    name = f"tables-{uuid.uuid4().hex[:12]}"
+    s3_server.client().create_bucket(Bucket=name)
+    return name
