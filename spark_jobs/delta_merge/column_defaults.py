@@ -81,8 +81,8 @@ def default_value(
         src_type = spark.createDataFrame([], StructType([])).select(value).schema.fields[0].dataType
     except AnalysisException as exc:
         raise _invalid_default(
-            field, sql, f"which fails to resolve as a valid expression ({str(exc).splitlines()[0]})",
-            sub_class="UNRESOLVED_EXPRESSION",
+            field, sql, "which fails to resolve as a valid expression",
+            error_class="INVALID_DEFAULT_VALUE.UNRESOLVED_EXPRESSION", cause=str(exc).splitlines()[0],
         ) from exc
     dst_type = field.dataType
     if not can_store(src_type, dst_type, policy="STRICT") and not _fits_when_narrowed(
@@ -90,7 +90,8 @@ def default_value(
     ):
         raise _invalid_default(
             field, sql, f"which requires {dst_type.simpleString()} type, but the statement provided a "
-            f"value of incompatible {src_type.simpleString()} type", sub_class="DATA_TYPE",
+            f"value of incompatible {src_type.simpleString()} type",
+            error_class="INVALID_DEFAULT_VALUE.DATA_TYPE",
         )
     return assign(value, src_type)
 
@@ -104,12 +105,14 @@ def _fits_when_narrowed(spark: SparkSession, value: Column, src: DataType, dst: 
     return bool(row[0]) or row[1] is not None
 
 
-def _invalid_default(field: StructField, sql: str, reason: str, *, sub_class: str) -> MergeAnalysisError:
+def _invalid_default(
+    field: StructField, sql: str, reason: str, *, error_class: str, cause: str = ""
+) -> MergeAnalysisError:
     return MergeAnalysisError(
-        f"Failed to execute MERGE command because the destination column `{field.name}` has a DEFAULT value "
-        f"{sql}, {reason}. Fix the column's default (its {CURRENT_DEFAULT} field metadata); nothing was "
-        "written.",
-        error_class=f"INVALID_DEFAULT_VALUE.{sub_class}",
+        f"Failed to execute MERGE command because the destination column or variable `{field.name}` has a "
+        f"DEFAULT value {sql}, {reason}.{f' {cause}' if cause else ''} Fix the column's default (its "
+        f"{CURRENT_DEFAULT} field metadata); nothing was written.",
+        error_class=error_class,
     )
 
 
@@ -123,8 +126,8 @@ def no_default_error(field: StructField) -> MergeAnalysisError:
 
 def default_placement_error(where: str, sql: str) -> MergeAnalysisError:
     return MergeAnalysisError(
-        f"A DEFAULT keyword in a MERGE command could not be directly assigned to a target column because it "
-        f"was part of an expression ({where}: {sql}). For example: `UPDATE SET c1 = DEFAULT` is allowed, "
-        "but `UPDATE SET c1 = DEFAULT + 1` is not.",
+        "A DEFAULT keyword in a MERGE command could not be directly assigned to a target column because it "
+        "was part of an expression. For example: `UPDATE SET c1 = DEFAULT` is allowed, but `UPDATE T SET "
+        f"c1 = DEFAULT + 1` is not allowed. Found in the {where}: {sql}.",
         error_class="DEFAULT_PLACEMENT_INVALID",
     )

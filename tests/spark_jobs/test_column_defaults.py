@@ -168,7 +168,7 @@ def test_a_default_that_fails_the_column_type_or_resolution_is_refused(
         spark, target, _source(tmp_path, (3, "C")), INSERT_ID_V
     )
     assert error.error_class == error_class
-    assert f"destination column `n` has a DEFAULT value {default}, {fragment}" in str(error)
+    assert f"destination column or variable `n` has a DEFAULT value {default}, {fragment}" in str(error)
 
 
 def test_a_default_goes_through_the_expression_guard(spark: Any, tmp_path: Path) -> None:
