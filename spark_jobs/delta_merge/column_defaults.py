@@ -65,11 +65,11 @@ def default_value(
 ) -> Column:
     """The default ``sql`` of ``field`` as a value of the column's type, checked as Spark checks defaults.
 
-    The expression passes the guard every merge expression passes, and must resolve without any column.
-    Its type must up-cast to the column's (then ``assign``, the merge's store assignment, casts it), or,
-    as Spark's coerceDefaultValue allows for a value known at planning time, that value must survive a
-    TRY cast to a narrower atomic type (``DEFAULT 0`` on a SMALLINT column). Checking that evaluates the
-    default once on the driver.
+    The expression passes the guard every merge expression passes, must resolve without any column and be
+    constant. Its type must up-cast to the column's (then ``assign``, the merge's store assignment, casts
+    it), or, as Spark's coerceDefaultValue allows for a value known at planning time, that value must
+    survive a TRY cast to a narrower atomic type (``DEFAULT 0`` on a SMALLINT column). Checking that
+    evaluates the default once on the driver.
 
     :param assign: stores a value of the given type as the column's type (the merge's store assignment).
     :raises MergeSpecError: the guard refuses the expression.
@@ -78,12 +78,19 @@ def default_value(
     check_expression(sql, field=f"DEFAULT value of column {field.name}", context="assignment")
     value = F.expr(sql)
     try:
-        src_type = spark.createDataFrame([], StructType([])).select(value).schema.fields[0].dataType
+        resolved = spark.createDataFrame([], StructType([])).select(value)
+        src_type = resolved.schema.fields[0].dataType
     except AnalysisException as exc:
         raise _invalid_default(
             field, sql, "which fails to resolve as a valid expression",
             error_class="INVALID_DEFAULT_VALUE.UNRESOLVED_EXPRESSION", cause=str(exc).splitlines()[0],
         ) from exc
+    # Spark's analyzer takes only defaults it can fold to one value (current_date() folds; rand() does not).
+    if not resolved._jdf.queryExecution().analyzed().expressions().head().child().foldable():
+        raise _invalid_default(
+            field, sql, "which is not a constant expression whose equivalent value is known at query "
+            "planning time", error_class="INVALID_DEFAULT_VALUE.NOT_CONSTANT",
+        )
     dst_type = field.dataType
     if not can_store(src_type, dst_type, policy="STRICT") and not _fits_when_narrowed(
         spark, value, src_type, dst_type

@@ -156,11 +156,12 @@ REQUIRES_INT = "which requires int type, but the statement provided a value of i
         ("'abc'", "INVALID_DEFAULT_VALUE.DATA_TYPE", f"{REQUIRES_INT} string type"),
         ("3000000000", "INVALID_DEFAULT_VALUE.DATA_TYPE", f"{REQUIRES_INT} bigint type"),
         ("array(1)", "INVALID_DEFAULT_VALUE.DATA_TYPE", f"{REQUIRES_INT} array<int> type"),
+        ("CAST(rand() AS INT)", "INVALID_DEFAULT_VALUE.NOT_CONSTANT", "which is not a constant expression"),
         ("id + 1", "INVALID_DEFAULT_VALUE.UNRESOLVED_EXPRESSION",
          "which fails to resolve as a valid expression"),
     ],
 )
-def test_a_default_that_fails_the_column_type_or_resolution_is_refused(
+def test_a_default_that_fails_the_column_type_resolution_or_folding_is_refused(
     spark: Any, tmp_path: Path, default: str, error_class: str, fragment: str
 ) -> None:
     target = _table(tmp_path, {"n": default})

@@ -437,6 +437,11 @@ ROWS: list[Row] = [
          " has a DEFAULT value ",
          "which requires int type, but the statement provided a value of incompatible string type."),
         spark=True),
+    Row("INVALID_DEFAULT_VALUE.NOT_CONSTANT",
+        _defaults_merge(ON + "WHEN NOT MATCHED THEN INSERT (id) VALUES (s.id)", {"n": "CAST(rand() AS INT)"}),
+        ("Failed to execute ", " command because the destination column or variable ",
+         " has a DEFAULT value ", "which is not a constant expression whose equivalent value is known at "
+         "query planning time."), spark=True),
     Row("INVALID_DEFAULT_VALUE.UNRESOLVED_EXPRESSION",
         _defaults_merge(ON + "WHEN NOT MATCHED THEN INSERT (id) VALUES (s.id)", {"n": "id + 1"}),
         ("Failed to execute ", " command because the destination column or variable ",
