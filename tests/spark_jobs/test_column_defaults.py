@@ -235,3 +235,27 @@ def test_checkpoint_protection_keeps_every_commit_when_the_merge_checkpoints(
     assert json.loads((log / "_last_checkpoint").read_text())["version"] == 3
     assert DeltaTable(str(target), version=0).version() == 0  # the oldest version is still readable
     assert _rows(target) == [(1, 10, "a", "t1"), (2, 20, "b", "t2"), (3, None, "C", None)]
+
+
+def test_default_in_a_not_matched_by_source_update(spark: Any, tmp_path: Path) -> None:
+    target = _table(tmp_path, {"n": "-1"})
+    not_matched_by_source = ON + "WHEN NOT MATCHED BY SOURCE THEN UPDATE SET n = DEFAULT"
+    metrics = merge(spark, target, _source(tmp_path, (1, "A")), not_matched_by_source)
+    _checked_commit(target, metrics)
+    assert _rows(target) == [(1, 10, "a", "t1"), (2, -1, "b", "t2")]
+
+
+def test_default_on_a_generated_column_is_refused(spark: Any, tmp_path: Path) -> None:
+    # Delta computes a generated column; Spark allows no default on one (GENERATED_COLUMN_WITH_DEFAULT_VALUE).
+    schema = pa.schema([
+        pa.field("id", pa.int64()), pa.field("v", pa.string()),
+        pa.field("w", pa.string(), metadata={"delta.generationExpression": "upper(v)"}),
+    ])  # fmt: skip
+    target = tmp_path / "t"
+    DeltaTable.create(str(target), schema=schema)
+    set_column_defaults(target, {}, writer_features=("allowColumnDefaults", "generatedColumns"))
+    error = _refused(
+        spark, target, _source(tmp_path, (3, "c")),
+        ON + "WHEN NOT MATCHED THEN INSERT (id, v, w) VALUES (s.id, s.v, DEFAULT)",
+    )
+    assert "DEFAULT cannot be assigned to `w` in INSERT clause: it is a generated column" in str(error)
