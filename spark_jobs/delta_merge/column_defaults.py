@@ -34,7 +34,8 @@ __all__ = [
 ]
 
 CURRENT_DEFAULT = "CURRENT_DEFAULT"
-_KEYWORD = re.compile(r"\s*(?:default|`default`)\s*", re.IGNORECASE)
+# Parentheses around it leave the same UnresolvedAttribute in Spark's parse.
+_KEYWORD = re.compile(r"[\s(]*(?:default|`default`)[\s)]*", re.IGNORECASE)
 
 
 def column_defaults(schema: StructType) -> dict[str, str]:
@@ -48,7 +49,7 @@ def column_defaults(schema: StructType) -> dict[str, str]:
 
 def is_default_keyword(sql: str) -> bool:
     """The whole value is the name ``DEFAULT`` (which means the keyword unless a column has that name)."""
-    return _KEYWORD.fullmatch(sql) is not None
+    return _KEYWORD.fullmatch(sql) is not None and sql.count("(") == sql.count(")")
 
 
 def mentions_default(sql: str) -> bool:

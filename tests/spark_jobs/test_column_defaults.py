@@ -19,6 +19,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
+from spark_jobs.delta_merge.column_defaults import is_default_keyword
 from spark_jobs.delta_merge.errors import MergeJobError
 from tests.delta_reader import read_rows, read_rows_with_kernel, table_version
 from tests.spark_jobs.scenario_harness import multiset
@@ -33,6 +34,16 @@ SCHEMA = pa.schema([("id", pa.int64()), ("n", pa.int32()), ("v", pa.string()), (
 SOURCE = pa.schema([("id", pa.int64()), ("v", pa.string())])
 ON = "MERGE INTO t USING s ON t.id = s.id "
 INSERT_ID_V = ON + "WHEN NOT MATCHED THEN INSERT (id, v) VALUES (s.id, s.v)"
+
+
+@pytest.mark.parametrize(
+    ("value", "keyword"),
+    [("DEFAULT", True), (" default ", True), ("`Default`", True), ("((DEFAULT))", True),
+     ("DEFAULT + 1", False), ("s.default", False), ("defaults", False), ("'DEFAULT'", False)],
+)
+def test_which_values_are_the_default_keyword(value: str, keyword: bool) -> None:
+    # As Spark's isExplicitDefaultColumn: one unqualified name DEFAULT, in any case, quoted or not.
+    assert is_default_keyword(value) is keyword
 
 
 def _rows(path: Path) -> list[tuple[Any, ...]]:
@@ -89,7 +100,7 @@ def test_the_default_keyword_in_insert_values_and_update_set(spark: Any, tmp_pat
     metrics = merge(
         spark, target, source,
         ON + "WHEN MATCHED THEN UPDATE SET n = DEFAULT, v = default, tag = `DEFAULT` "
-        "WHEN NOT MATCHED THEN INSERT (id, n, v, tag) VALUES (s.id, DEFAULT, s.v, Default)",
+        "WHEN NOT MATCHED THEN INSERT (id, n, v, tag) VALUES (s.id, DEFAULT, s.v, (Default))",
     )
     _checked_commit(target, metrics)
     # v has no default and is nullable: DEFAULT is NULL there, as Spark resolves it.
