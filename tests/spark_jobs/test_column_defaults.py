@@ -222,10 +222,11 @@ def test_checkpoint_protection_keeps_every_commit_when_the_merge_checkpoints(
     spark: Any, tmp_path: Path
 ) -> None:
     # PROTOCOL.md "Checkpoint Protection" binds only log cleanup. With zero log retention and expired
-    # commits, the checkpoint the merge's commit is due for must still leave every commit in place.
+    # commits, the checkpoint the merge's commit is due for (deltalake's create_checkpoint, which takes
+    # both features) must still leave every commit in place.
     target = make_target(tmp_path / "t", kv([(1, 10, "a", "t1")], SCHEMA), kv([(2, 20, "b", "t2")], SCHEMA))
     set_column_defaults(
-        target, {}, writer_features=("checkpointProtection",),
+        target, {"tag": "'d'"}, writer_features=("allowColumnDefaults", "checkpointProtection"),
         configuration={
             "delta.requireCheckpointProtectionBeforeVersion": "2",
             "delta.logRetentionDuration": "interval 0 seconds",
@@ -245,7 +246,7 @@ def test_checkpoint_protection_keeps_every_commit_when_the_merge_checkpoints(
     assert (log / f"{3:020d}.checkpoint.parquet").exists()
     assert json.loads((log / "_last_checkpoint").read_text())["version"] == 3
     assert DeltaTable(str(target), version=0).version() == 0  # the oldest version is still readable
-    assert _rows(target) == [(1, 10, "a", "t1"), (2, 20, "b", "t2"), (3, None, "C", None)]
+    assert _rows(target) == [(1, 10, "a", "t1"), (2, 20, "b", "t2"), (3, None, "C", "d")]
 
 
 def test_default_in_a_not_matched_by_source_update(spark: Any, tmp_path: Path) -> None:
