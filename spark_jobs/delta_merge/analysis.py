@@ -16,6 +16,14 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import DataType, NullType, StructField, StructType
 
+from spark_jobs.delta_merge.column_defaults import (
+    column_defaults,
+    default_placement_error,
+    default_value,
+    is_default_keyword,
+    mentions_default,
+    no_default_error,
+)
 from spark_jobs.delta_merge.constraints import generated_columns
 from spark_jobs.delta_merge.errors import MergeAnalysisError
 from spark_jobs.delta_merge.evolution import evolve_schema
@@ -111,6 +119,7 @@ class _Resolver:
         self, spark: SparkSession, parsed: ParsedMerge, target_schema: StructType,
         source_schema: StructType, options: MergeOptions,
     ) -> None:
+        self.spark = spark
         self.parsed = parsed
         self.t = parsed.target_alias
         self.s = parsed.source_alias
@@ -125,6 +134,7 @@ class _Resolver:
         )
         self.generated = set(generated_columns(target_schema))
         self.identity = identity_columns(target_schema)
+        self.defaults = column_defaults(target_schema)
 
     # -- resolution helpers -------------------------------------------------------------------------
     def _columns_of(self, df: DataFrame) -> str:
@@ -322,10 +332,14 @@ class _Resolver:
         outputs: list[Column] = []
         for field in self.final_schema.fields:
             assigned = tree.get(field.name.lower())
-            if assigned is None and field.name.lower() in self.generated:
+            has_default = field.name.lower() in self.defaults
+            if assigned is None and field.name.lower() in self.generated and not has_default:
                 generated.add(field.name)
-            if assigned is None:
-                value = self._target_value(field) if update else F.lit(None).cast(field.dataType)
+            if assigned is None and update:
+                value = self._target_value(field)
+            elif assigned is None:
+                # An INSERT column list leaving a column out gives it its DEFAULT (Spark fills it in).
+                value = self._default_value(field) if has_default else F.lit(None).cast(field.dataType)
             else:
                 value = self._node_value(assigned, field, clause, where, (field.name,), update=update)
             outputs.append(value.alias(field.name))
@@ -336,8 +350,18 @@ class _Resolver:
         path: tuple[str, ...], *, update: bool,
     ) -> Column:
         if "" in node:
-            sql, df = self.side_sql(node[""], clause, where)
-            src_type = self.expr_type(sql, df, where)
+            text = node[""]
+            if len(path) == 1 and is_default_keyword(text) and not self._side_has_column(clause, "default"):
+                return self._explicit_default(field, where)
+            try:
+                sql, df = self.side_sql(text, clause, where)
+                src_type = self.expr_type(sql, df, where)
+            except MergeAnalysisError as exc:
+                if exc.error_class == _UNRESOLVED_CLASS and not is_default_keyword(text) and mentions_default(
+                    text
+                ):
+                    raise default_placement_error(where, text) from exc
+                raise
             return self._assign(F.expr(sql), src_type, field.dataType, ".".join(path), allow_missing=False)
         struct = field.dataType
         assert isinstance(struct, StructType)
@@ -360,6 +384,40 @@ class _Resolver:
                 value = F.lit(None).cast(child.dataType)
             children.append(value.alias(child.name))
         return F.struct(*children)
+
+    def _side_has_column(self, clause: MergeClause, name: str) -> bool:
+        """A column of the rows the clause sees is called ``name`` (names resolve before the keyword)."""
+        schemas = {
+            "matched": (self.source_schema, self.target_schema),
+            "not_matched": (self.source_schema,),
+            "not_matched_by_source": (self.target_schema,),
+        }[clause.when]
+        return any(find_field(schema, name) is not None for schema in schemas)
+
+    def _explicit_default(self, field: StructField, where: str) -> Column:
+        """``column = DEFAULT``: the column's default, or NULL for a nullable column without one."""
+        lowered = field.name.lower()
+        if lowered in self.generated or any(c.name.lower() == lowered for c in self.identity):
+            kind = "a generated" if lowered in self.generated else "an identity"
+            raise MergeAnalysisError(
+                f"DEFAULT cannot be assigned to `{field.name}` in {where}: it is {kind} column, whose value "
+                "Delta computes. Leave the column out of the INSERT column list (or the UPDATE SET list) "
+                "instead."
+            )
+        if lowered in self.defaults:
+            return self._default_value(field)
+        if not field.nullable:
+            raise no_default_error(field)
+        return F.lit(None).cast(field.dataType)
+
+    def _default_value(self, field: StructField) -> Column:
+        """The column's DEFAULT expression, guarded and stored as the column's type."""
+        return default_value(
+            self.spark, field, self.defaults[field.name.lower()],
+            assign=lambda value, src: self._assign(
+                value, src, field.dataType, field.name, allow_missing=False
+            ),
+        )
 
     def _target_type(self, path: Sequence[str]) -> DataType | None:
         current: DataType = self.target_schema

@@ -38,6 +38,13 @@ __all__ = [
 # identityColumns: inserts draw new values beyond the high-water mark, which moves in the merge's own
 # commit; explicit values and updates are refused as Delta does (identity_columns).
 # columnMapping: files are read by physical name or field id and written with both (column_mapping.py).
+# allowColumnDefaults: INSERT column lists leaving a column out, and `c = DEFAULT` assignments, take the
+# column's CURRENT_DEFAULT expression as Spark's analyzer does (column_defaults).
+# checkpointProtection only binds log cleanup: commits and checkpoints before
+# delta.requireCheckpointProtectionBeforeVersion may go only all at once. This job deletes no log file, and
+# deltalake's create_checkpoint (commit.actions, every delta.checkpointInterval versions) writes the
+# checkpoint of the version just committed and deletes nothing, even with delta.logRetentionDuration at
+# zero (test_column_defaults checks the log).
 SUPPORTED_FEATURES = frozenset(
     {
         "appendOnly",
@@ -55,6 +62,8 @@ SUPPORTED_FEATURES = frozenset(
         "inCommitTimestamp",
         "clustering",
         "identityColumns",
+        "allowColumnDefaults",
+        "checkpointProtection",
     }
 )
 _PROTOCOL = "protocol"
@@ -70,8 +79,6 @@ _WHY = {
     "icebergCompatV2": "Iceberg compatibility needs column mapping and Iceberg metadata on commit",
     "variantType": "VARIANT columns are not read or written by this job's Parquet path",
     "variantType-preview": "VARIANT columns are not read or written by this job's Parquet path",
-    "allowColumnDefaults": "inserts must fill columns from their DEFAULT expressions",
-    "checkpointProtection": "log cleanup after the commit could violate checkpoint protection",
 }
 
 

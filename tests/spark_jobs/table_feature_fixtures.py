@@ -130,3 +130,45 @@ def enable_features(
     body = "".join(json.dumps(a) + "\n" for a in head + actions)
     (table / "_delta_log" / f"{new_version:020d}.json").write_text(body)
     return new_version
+
+
+def set_column_defaults(
+    table: Path,
+    defaults: Mapping[str, str],
+    *,
+    not_null: Sequence[str] = (),
+    writer_features: Sequence[str] = ("allowColumnDefaults",),
+    configuration: Mapping[str, str] | None = None,
+) -> int:
+    """Commit the next version giving columns DEFAULT values (PROTOCOL.md "Default Columns"); returns it.
+
+    :param defaults: Spark SQL default expression by top-level column, stored as the field's
+        ``CURRENT_DEFAULT`` metadata, as Delta's ``ALTER COLUMN ... SET DEFAULT`` stores it.
+    :param not_null: columns made NOT NULL (which needs the ``invariants`` feature, added).
+    :param writer_features: writer features the protocol lists besides the table's own.
+    :param configuration: more table properties to set.
+    """
+    version, _, metadata, protocol, _ = replay(table)
+    schema = json.loads(metadata["schemaString"])
+    names = {f["name"] for f in schema["fields"]}
+    assert set(defaults) | set(not_null) <= names, names
+    for schema_field in schema["fields"]:
+        if schema_field["name"] in defaults:
+            schema_field["metadata"] = {
+                **schema_field.get("metadata", {}), "CURRENT_DEFAULT": defaults[schema_field["name"]]
+            }
+        if schema_field["name"] in not_null:
+            schema_field["nullable"] = False
+    features = {*protocol.get("writerFeatures", []), *writer_features}
+    if not_null:
+        features.add("invariants")
+    config = {**metadata["configuration"], **(configuration or {})}
+    actions: list[dict[str, Any]] = [
+        {"commitInfo": {"timestamp": int(time.time() * 1000), "operation": "ALTER COLUMN"}},
+        {"protocol": {"minReaderVersion": 1, "minWriterVersion": 7, "writerFeatures": sorted(features)}},
+        {"metaData": {**metadata, "schemaString": json.dumps(schema), "configuration": config}},
+    ]
+    new_version = version + 1
+    body = "".join(json.dumps(a) + "\n" for a in actions)
+    (table / "_delta_log" / f"{new_version:020d}.json").write_text(body)
+    return new_version

@@ -236,6 +236,26 @@ def _kv(*rows: tuple[Any, ...], schema: pa.Schema = KV) -> pa.Table:
     return pa.Table.from_pylist([dict(zip(schema.names, r, strict=True)) for r in rows], schema=schema)
 
 
+def _defaults_merge(
+    sql: str, defaults: Mapping[str, str], *, not_null: Sequence[str] = ()
+) -> Callable[[Context], object]:
+    """A merge of one new and one matched row into the usual target, whose columns have ``defaults``."""
+
+    def trigger(ctx: Context) -> object:
+        from spark_jobs.delta_merge import run_merge
+        from tests.spark_jobs.table_feature_fixtures import set_column_defaults
+
+        target_path, source_path = ctx.root / "t", ctx.root / "s"
+        write_deltalake(target_path, _kv((1, 1, "a"), (2, 2, "b")))
+        set_column_defaults(target_path, defaults, not_null=not_null)
+        source_path.mkdir()
+        pq.write_table(_kv((2, 20, "B"), (3, 30, "c")), source_path / "part-0.parquet")
+        spec = {"target": {"uri": str(target_path)}, "source": {"uri": str(source_path)}, "merge_sql": sql}
+        return run_merge(ctx.spark, spec)
+
+    return trigger
+
+
 NOT_NULL_N = pa.schema([("id", pa.int64()), pa.field("n", pa.int32(), nullable=False), ("v", pa.string())])
 STRUCT_A = pa.schema([("id", pa.int64()), ("st", pa.struct([("a", pa.int32())]))])
 STRUCT_AB = pa.schema([("id", pa.int64()), ("st", pa.struct([("a", pa.int32()), ("b", pa.int32())]))])
@@ -402,6 +422,31 @@ ROWS: list[Row] = [
         _merge(UPSERT, _kv((3, 3, "c")), schema_evolution=True,
                source_query="SELECT *, NULL AS extra FROM parquet.`{source}`"),
         ("Cannot add column ", " with type VOID. Please explicitly specify a non-void type."), spark=True),
+    Row("NO_DEFAULT_COLUMN_VALUE_AVAILABLE",
+        _defaults_merge(ON + "WHEN MATCHED THEN UPDATE SET n = DEFAULT", {"v": "'x'"}, not_null=["n"]),
+        ("Can't determine the default value for `n` since it is not nullable and it has no default value.",),
+        spark=True),
+    Row("DEFAULT_PLACEMENT_INVALID",
+        _defaults_merge(ON + "WHEN MATCHED THEN UPDATE SET n = DEFAULT + 1", {"n": "0"}),
+        ("A DEFAULT keyword in a MERGE", " command could not be directly assigned to a target column "
+         "because it was part of an expression.", "For example: `UPDATE SET c1 = DEFAULT` is allowed, but "
+         "`UPDATE T SET c1 = DEFAULT + 1` is not allowed."), spark=True),
+    Row("INVALID_DEFAULT_VALUE.DATA_TYPE",
+        _defaults_merge(ON + "WHEN NOT MATCHED THEN INSERT (id) VALUES (s.id)", {"n": "'abc'"}),
+        ("Failed to execute ", " command because the destination column or variable ",
+         " has a DEFAULT value ",
+         "which requires int type, but the statement provided a value of incompatible string type."),
+        spark=True),
+    Row("INVALID_DEFAULT_VALUE.NOT_CONSTANT",
+        _defaults_merge(ON + "WHEN NOT MATCHED THEN INSERT (id) VALUES (s.id)", {"n": "CAST(rand() AS INT)"}),
+        ("Failed to execute ", " command because the destination column or variable ",
+         " has a DEFAULT value ", "which is not a constant expression whose equivalent value is known at "
+         "query planning time."), spark=True),
+    Row("INVALID_DEFAULT_VALUE.UNRESOLVED_EXPRESSION",
+        _defaults_merge(ON + "WHEN NOT MATCHED THEN INSERT (id) VALUES (s.id)", {"n": "id + 1"}),
+        ("Failed to execute ", " command because the destination column or variable ",
+         " has a DEFAULT value ",
+         "which fails to resolve as a valid expression."), spark=True),
 ]
 
 

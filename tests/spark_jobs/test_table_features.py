@@ -81,6 +81,8 @@ def test_plain_and_supported_feature_tables_are_writable() -> None:
         "rowTracking",
         "inCommitTimestamp",
         "clustering",
+        "allowColumnDefaults",
+        "checkpointProtection",
     )
     check_writable(_snapshot(protocol=supported), removes_files=True)
     # Merges into change data feed tables write _change_data files and cdc actions.
@@ -131,6 +133,7 @@ def test_files_with_deletion_vectors_are_rewritten_not_refused() -> None:
             "columnMapping (delta.columnMapping.mode=sideways): not one of none, name, id",
         ),
         ({"protocol": _features("typeWidening")}, "typeWidening: older files may hold narrower types"),
+        ({"protocol": _features("variantType")}, "variantType: VARIANT columns are not read or written"),
         (
             {"protocol": _features("rowTracking"), "configuration": {"delta.enableRowTracking": "true"}},
             "names no materialized row id or row commit version column",
