@@ -13,11 +13,11 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StructField, StructType
 
-from spark_jobs.delta_merge.analysis import MergePlan
 from spark_jobs.delta_merge.column_mapping import mapping_mode
 from spark_jobs.delta_merge.data_skipping import partition_count, prune_files
 from spark_jobs.delta_merge.errors import ConstraintViolationError, spark_failure
 from spark_jobs.delta_merge.files import LiveFile, WrittenFile
+from spark_jobs.delta_merge.merge_plan import MergePlan
 from spark_jobs.delta_merge.metrics import MergeMetrics
 from spark_jobs.delta_merge.rewrite import (
     ACTION_COLUMN,

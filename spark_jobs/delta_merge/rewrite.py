@@ -13,9 +13,9 @@ from enum import IntEnum
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
-from spark_jobs.delta_merge.analysis import MergePlan, ResolvedClause
 from spark_jobs.delta_merge.constraints import VIOLATION_COLUMN, apply_constraints
 from spark_jobs.delta_merge.identity_columns import with_identity_slots
+from spark_jobs.delta_merge.merge_plan import MergePlan, ResolvedClause
 from spark_jobs.delta_merge.table_features import TableConstraints
 
 __all__ = [

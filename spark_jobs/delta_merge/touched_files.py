@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from spark_jobs.delta_merge.analysis import MergePlan
 from spark_jobs.delta_merge.errors import MultipleSourceRowMatchesError
+from spark_jobs.delta_merge.merge_plan import MergePlan
 from spark_jobs.delta_merge.row_counter import counted
 from spark_jobs.delta_merge.table_scan import FILE_KEY_COLUMN
 

@@ -26,8 +26,8 @@ from spark_jobs.delta_merge.metrics import MergeMetrics
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from spark_jobs.delta_merge.analysis import MergePlan
     from spark_jobs.delta_merge.files import LiveFile
+    from spark_jobs.delta_merge.merge_plan import MergePlan
     from spark_jobs.delta_merge.merge_strategies import MergeOutcome
     from spark_jobs.delta_merge.snapshot import TargetSnapshot
     from spark_jobs.delta_merge.spec import MergeSpec
