@@ -283,7 +283,8 @@ class MergeIntoOperator(BaseOperator):
         from airflow_merge_provider.job_package import job_application
 
         # A file keeps storage options off the command line; only a client-mode driver can read it.
-        in_file = hook.deploy_mode == "client" and bool(spec.target.storage_options)
+        secrets = bool(spec.target.storage_options or spec.source.storage_options)
+        in_file = hook.deploy_mode == "client" and secrets
         with job_arguments(spec.to_json(), in_file=in_file) as args:
             try:
                 hook.submit_job(job_application(), args)
@@ -367,5 +368,6 @@ def _redacted(spec: MergeSpec) -> MergeSpec:
     """The spec with storage option values hidden, for the log."""
     from dataclasses import replace
 
-    hidden = dict.fromkeys(spec.target.storage_options, "***")
-    return replace(spec, target=replace(spec.target, storage_options=hidden)) if hidden else spec
+    target = replace(spec.target, storage_options=dict.fromkeys(spec.target.storage_options, "***"))
+    source = replace(spec.source, storage_options=dict.fromkeys(spec.source.storage_options, "***"))
+    return replace(spec, target=target, source=source)
