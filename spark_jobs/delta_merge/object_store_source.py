@@ -25,8 +25,8 @@ def read_object_store_files(spark: SparkSession, source: SourceSpec, fmt: str) -
     The schema is the first file's, as Spark's reader takes it without ``mergeSchema``; files and
     directories whose names start with ``_`` or ``.`` are skipped, as Spark skips them.
 
-    :raises MergeAnalysisError: the format is not Parquet (Spark would need the Hadoop connector), the
-        path holds no Parquet file, or it is a Hive-partitioned directory.
+    :raises MergeAnalysisError: the format is not Parquet (Spark would need the Hadoop connector), Spark
+        reader options are given, the path holds no Parquet file, or it is a Hive-partitioned directory.
     :raises TableStorageError: the store refused or failed the listing (secrets masked).
     """
     assert source.uri is not None
@@ -36,6 +36,12 @@ def read_object_store_files(spark: SparkSession, source: SourceSpec, fmt: str) -
             f"through Hadoop's connector (S3AFileSystem), which this Spark has not. Add "
             f"org.apache.hadoop:hadoop-aws:{_hadoop_version(spark)} with --packages (spark.jars.packages), "
             "or give the source as Parquet or Delta, which the job reads without it."
+        )
+    if source.options:
+        raise MergeAnalysisError(
+            f"source.options {sorted(source.options)}: these are Spark reader options, and a Parquet source "
+            "on an object store is read without Spark's reader (it has no connector here). Leave "
+            "source.options empty, or give the source as a Delta table."
         )
     options = source.storage_options
     fs, base = arrow_filesystem(source.uri, options)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,9 @@ from tests.object_storage.s3_tables import upload_directory
 from tests.s3_server import S3Key, S3Server
 from tests.spark_jobs.deletion_vector_fixture import add_deletion_vectors
 from tests.spark_jobs.scenario_harness import multiset
+from tests.spark_jobs.table_feature_fixtures import enable_features
+from tests.spark_jobs.test_pipeline import make_target
+from tests.spark_jobs.test_row_tracking import stable_ids
 
 pytestmark = pytest.mark.spark
 
@@ -119,23 +123,24 @@ def test_partitioned_table(spark: Any, s3_server: S3Server, bucket: str, tmp_pat
     uri = f"s3://{bucket}/by_p"
     options = s3_server.storage_options()
     schema = pa.schema([("id", pa.int64()), ("v", pa.string()), ("p", pa.string())])
-    write_deltalake(uri, kv([(1, "a", "x"), (2, "b", "y"), (3, "c", "y")], schema), partition_by=["p"],
+    # "x y": a partition directory whose name is percent-encoded in add.path.
+    write_deltalake(uri, kv([(1, "a", "x y"), (2, "b", "y"), (3, "c", "y")], schema), partition_by=["p"],
                     storage_options=options)  # fmt: skip
     source = parquet_source(s3_server, f"s3://{bucket}/src/data.parquet",
-                            kv([(2, "B", "x"), (4, "d", "z")], schema))  # fmt: skip
+                            kv([(2, "B", "x y"), (4, "d", "z")], schema))  # fmt: skip
     source["uri"] = f"s3://{bucket}/src/data.parquet/part-0.parquet"  # a single file, not a directory
 
     metrics = merge(spark, uri, options, source)
 
     assert table_rows(s3_server, uri, tmp_path, kernel_columns=["id", "v", "p"]) == [
-        (1, "a", "x"), (2, "B", "x"), (3, "c", "y"), (4, "d", "z"),
+        (1, "a", "x y"), (2, "B", "x y"), (3, "c", "y"), (4, "d", "z"),
     ]  # fmt: skip
-    # Only the partition with a match is rewritten: y's file with id 3 is copied, x is not touched.
+    # Only y's file, where id 2 was, is rewritten (id 3 copied); id 2 moves to "x y", whose file stays.
     assert metrics["numTargetFilesRemoved"] == 1
     assert metrics["numTargetRowsCopied"] == 1
     adds = [a["add"] for a in commit(s3_server, bucket, "by_p", 1) if "add" in a]
-    assert sorted(a["partitionValues"]["p"] for a in adds) == ["x", "y", "z"]
-    assert all(a["path"].startswith(f"p={a['partitionValues']['p']}/") for a in adds)
+    assert sorted(a["partitionValues"]["p"] for a in adds) == ["x y", "y", "z"]
+    assert {a["path"].split("/")[0] for a in adds} == {"p=x%20y", "p=y", "p=z"}
 
 
 def test_change_data_feed(spark: Any, s3_server: S3Server, bucket: str, tmp_path: Path) -> None:
@@ -181,14 +186,15 @@ def test_table_with_deletion_vectors(spark: Any, s3_server: S3Server, bucket: st
     assert (metrics["numTargetFilesRemoved"], metrics["numTargetRowsCopied"]) == (1, 1)
 
 
-def test_column_mapped_table(spark: Any, s3_server: S3Server, bucket: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["name", "id"])
+def test_column_mapped_table(spark: Any, s3_server: S3Server, bucket: str, tmp_path: Path, mode: str) -> None:
     uri = f"s3://{bucket}/mapped"
     options = s3_server.storage_options()
     point = pa.struct([("x", pa.int64())])
     schema = pa.schema([("id", pa.int64()), ("my value", pa.string()), ("pt", point)])
     rows = [(1, "a", {"x": 10}), (2, "b", {"x": 20})]
     write_deltalake(uri, kv(rows, schema), storage_options=options,
-                    configuration={"delta.columnMapping.mode": "name"})  # fmt: skip
+                    configuration={"delta.columnMapping.mode": mode})  # fmt: skip
     source = parquet_source(s3_server, f"s3://{bucket}/src",
                             kv([(2, "B", {"x": 21}), (3, "c", None)], schema))  # fmt: skip
 
@@ -198,6 +204,37 @@ def test_column_mapped_table(spark: Any, s3_server: S3Server, bucket: str, tmp_p
     adds = [a["add"] for a in commit(s3_server, bucket, "mapped", 1) if "add" in a]
     data = pq.read_schema(f"{bucket}/mapped/{adds[0]['path']}", filesystem=s3_server.arrow_fs())
     assert all(name.startswith("col-") for name in data.names)  # physical names in the files
+
+
+def test_row_tracking_keeps_ids_across_merges(
+    spark: Any, s3_server: S3Server, bucket: str, tmp_path: Path
+) -> None:
+    local = make_target(tmp_path / "local", kv([(1, "a"), (2, "b"), (3, "c")]), kv([(4, "d"), (5, "e")]))
+    enable_features(local, row_tracking=True)
+    upload_directory(s3_server.client(), local, bucket, "tracked")
+    uri = f"s3://{bucket}/tracked"
+    options = s3_server.storage_options()
+
+    def ids_after(merged: dict[str, Any], copy: str) -> dict[int, tuple[int, int]]:
+        table = download(s3_server, uri, tmp_path / copy)
+        assert merged["tableVersion"] == DeltaTable(str(table)).version()
+        return stable_ids(table)
+
+    before = stable_ids(local)
+    first_source = parquet_source(s3_server, f"s3://{bucket}/s1", kv([(2, "B"), (6, "f")]))
+    first = merge(spark, uri, options, first_source)
+    after_first = ids_after(first, "after-first")
+    # The rewrite materialized the ids of the copied rows 1 and 3; the second merge reads them back.
+    second = merge(spark, uri, options, parquet_source(s3_server, f"s3://{bucket}/s2", kv([(3, "C")])))
+    after_second = ids_after(second, "after-second")
+
+    assert {k: before[k] for k in (1, 3, 4, 5)} == {k: after_first[k] for k in (1, 3, 4, 5)}
+    assert after_first[2] == (before[2][0], first["tableVersion"])
+    assert after_first[6][0] > max(row_id for row_id, _ in before.values())
+    assert after_second[3] == (before[3][0], second["tableVersion"])
+    assert {k: after_second[k] for k in (1, 2, 4, 5, 6)} == {k: after_first[k] for k in (1, 2, 4, 5, 6)}
+    expected = [(1, "a"), (2, "B"), (3, "C"), (4, "d"), (5, "e"), (6, "f")]
+    assert table_rows(s3_server, uri, tmp_path) == expected
 
 
 def test_delta_source_on_s3(spark: Any, s3_server: S3Server, bucket: str, tmp_path: Path) -> None:
@@ -250,6 +287,33 @@ def test_a_csv_source_on_s3_is_refused_naming_the_connector(
     assert f"org.apache.hadoop:hadoop-aws:{version}" in str(raised.value)
     assert "--packages" in str(raised.value)
     assert DeltaTable(uri, storage_options=options).version() == 0
+
+
+@pytest.mark.parametrize(
+    ("layout", "options", "message"),
+    [
+        ("empty", {}, "no Parquet file there"),
+        ("hive", {}, "Hive-partitioned directory"),
+        ("flat", {"mergeSchema": "true"}, "source.options ['mergeSchema']: these are Spark reader options"),
+    ],
+)
+def test_parquet_sources_on_s3_the_job_cannot_read_as_spark_would_are_refused(
+    spark: Any, s3_server: S3Server, bucket: str, layout: str, options: dict[str, str], message: str
+) -> None:
+    uri = f"s3://{bucket}/t"
+    store = s3_server.storage_options()
+    write_deltalake(uri, kv([(1, "a")]), storage_options=store)
+    source_uri = f"s3://{bucket}/src"
+    if layout == "empty":
+        s3_server.client().put_object(Bucket=bucket, Key="src/_SUCCESS", Body=b"")
+    else:
+        parquet_source(s3_server, f"{source_uri}/day=1" if layout == "hive" else source_uri, kv([(1, "A")]))
+
+    with pytest.raises(MergeAnalysisError, match=re.escape(message)):
+        merge(spark, uri, store, {"uri": source_uri, "format": "parquet", "options": options,
+                                  "storage_options": store})  # fmt: skip
+
+    assert DeltaTable(uri, storage_options=store).version() == 0
 
 
 @pytest.mark.parametrize("side", ["target", "source"])
