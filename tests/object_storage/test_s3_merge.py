@@ -19,8 +19,12 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from spark_jobs.delta_merge import run_merge
+from spark_jobs.delta_merge.column_mapping import mapping_mode
 from spark_jobs.delta_merge.errors import MergeAnalysisError, MergeJobError
+from spark_jobs.delta_merge.files import LiveFile
+from spark_jobs.delta_merge.row_tracking import row_tracking
 from spark_jobs.delta_merge.snapshot import load_snapshot
+from spark_jobs.delta_merge.table_scan import FILE_KEY_COLUMN, file_key, scan_files
 from tests.delta_reader import read_rows, read_rows_with_kernel
 from tests.object_storage.s3_tables import upload_directory
 from tests.s3_server import S3Key, S3Server
@@ -141,6 +145,57 @@ def test_partitioned_table(spark: Any, s3_server: S3Server, bucket: str, tmp_pat
     adds = [a["add"] for a in commit(s3_server, bucket, "by_p", 1) if "add" in a]
     assert sorted(a["partitionValues"]["p"] for a in adds) == ["x y", "y", "z"]
     assert {a["path"].split("/")[0] for a in adds} == {"p=x%20y", "p=y", "p=z"}
+
+
+@pytest.mark.parametrize("layout", ["column_mapped", "partitioned"])
+def test_the_arrow_reader_gives_what_spark_reads_from_the_same_table_on_disk(
+    spark: Any, s3_server: S3Server, bucket: str, tmp_path: Path, layout: str
+) -> None:
+    # Everything the reader must get right: column mapping (a nested field too) or a partition with a
+    # space, deletion vectors (in a file and inline), row tracking with ids materialized by a merge.
+    local = tmp_path / "local"
+    point = pa.struct([("x", pa.int64())])
+    schema = pa.schema([("id", pa.int64()), ("my v", pa.string()), ("pt", point), ("p", pa.string())])
+    data = kv([(i, f"v{i}", {"x": i}, "a b" if i < 4 else "c") for i in range(8)], schema)
+    if layout == "partitioned":
+        write_deltalake(str(local), data, partition_by=["p"])
+    else:  # two files, as the two partitions would be
+        for half in (data.slice(0, 4), data.slice(4)):
+            write_deltalake(str(local), half, mode="append",
+                            configuration={"delta.columnMapping.mode": "name"})  # fmt: skip
+    enable_features(local, row_tracking=True)
+    source = tmp_path / "src.parquet"
+    pq.write_table(kv([(1, "V1", {"x": 10}, "c")], schema), source)
+    run_merge(spark, {"target": {"uri": str(local)}, "source": {"uri": str(source)}, "merge_sql": UPSERT})
+    # The rewritten file of ids 0, 2, 3 (materialized row ids) and the untouched one of ids 4-7.
+    counts = {f.path: f.stats.num_records if f.stats else None for f in load_snapshot(str(local)).files}
+    files = sorted((path for path, n in counts.items() if (n or 0) > 1), key=lambda path: counts[path] or 0)
+    add_deletion_vectors(local, {files[0]: ([0, 2], "u"), files[1]: ([1], "i")})
+    upload_directory(s3_server.client(), local, bucket, "same")
+    on_disk = load_snapshot(str(local))
+    on_s3 = load_snapshot(f"s3://{bucket}/same", storage_options=s3_server.storage_options())
+    assert (on_disk.version, len(on_disk.files)) == (on_s3.version, len(on_s3.files))
+    assert mapping_mode(on_s3.configuration) == ("name" if layout == "column_mapped" else "none")
+
+    def scanned(snapshot: Any) -> tuple[Any, list[str]]:
+        tracking = row_tracking(snapshot)
+        df = scan_files(spark, snapshot, snapshot.files, with_file_key=True, row_tracking=tracking)
+        root = _root_key(snapshot)
+        rows = [{**r.asDict(recursive=True), FILE_KEY_COLUMN: r[FILE_KEY_COLUMN].removeprefix(root)}
+                for r in df.collect()]  # fmt: skip
+        return df.schema, sorted(json.dumps(r, sort_keys=True, default=str) for r in rows)
+
+    disk_schema, disk_rows = scanned(on_disk)
+    s3_schema, s3_rows = scanned(on_s3)
+    assert [(f.name, f.dataType) for f in s3_schema] == [(f.name, f.dataType) for f in disk_schema]
+    assert s3_rows == disk_rows
+    assert len(disk_rows) == 8 - 3  # two rows of one file and one of the other deleted
+
+
+def _root_key(snapshot: Any) -> str:
+    """The file key prefix of the table root: keys on disk and on S3 differ only in it."""
+    probe = LiveFile(path="x", size=0, partition_values={}, stats=None, modification_time=0)
+    return file_key(snapshot, probe).removesuffix("/x")
 
 
 def test_change_data_feed(spark: Any, s3_server: S3Server, bucket: str, tmp_path: Path) -> None:
