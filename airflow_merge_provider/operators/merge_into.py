@@ -53,8 +53,8 @@ class MergeIntoOperator(BaseOperator):
     and ``appVersion``. The table is the task's default outlet; its asset event carries the same dict.
 
     :param target: the Delta table: a path or URI, or ``{"uri", "storage_options"}``. (templated)
-    :param source: a Parquet path or URI, or the contract's ``{"uri", "format", "options"}`` or
-        ``{"query"}``. (templated)
+    :param source: a Parquet path or URI, or the contract's ``{"uri", "format", "options",
+        "storage_options"}`` or ``{"query"}``. (templated)
     :param merge_sql: a ``MERGE INTO target t USING source s ...`` statement, or a ``.sql`` file.
         (templated)
     :param condition: the ON condition of the structural form. (templated)
