@@ -5,10 +5,12 @@ downloaded copy, which must agree; commits are checked in the log."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
 import re
 from collections.abc import Mapping, Sequence
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -155,8 +157,13 @@ def test_the_arrow_reader_gives_what_spark_reads_from_the_same_table_on_disk(
     # space, deletion vectors (in a file and inline), row tracking with ids materialized by a merge.
     local = tmp_path / "local"
     point = pa.struct([("x", pa.int64())])
-    schema = pa.schema([("id", pa.int64()), ("my v", pa.string()), ("pt", point), ("p", pa.string())])
-    data = kv([(i, f"v{i}", {"x": i}, "a b" if i < 4 else "c") for i in range(8)], schema)
+    schema = pa.schema([
+        ("id", pa.int64()), ("my v", pa.string()), ("pt", point), ("at", pa.timestamp("us", "UTC")),
+        ("amount", pa.decimal128(10, 2)), ("day", pa.date32()), ("p", pa.string()),
+    ])  # fmt: skip
+    at = dt.datetime(2024, 6, 1, 12, 30, tzinfo=dt.timezone.utc)
+    data = kv([(i, f"v{i}", {"x": i}, at + dt.timedelta(hours=i), Decimal(i) / 4, at.date(),
+                "a b" if i < 4 else "c") for i in range(8)], schema)  # fmt: skip
     if layout == "partitioned":
         write_deltalake(str(local), data, partition_by=["p"])
     else:  # two files, as the two partitions would be
@@ -165,7 +172,7 @@ def test_the_arrow_reader_gives_what_spark_reads_from_the_same_table_on_disk(
                             configuration={"delta.columnMapping.mode": "name"})  # fmt: skip
     enable_features(local, row_tracking=True)
     source = tmp_path / "src.parquet"
-    pq.write_table(kv([(1, "V1", {"x": 10}, "c")], schema), source)
+    pq.write_table(kv([(1, "V1", {"x": 10}, at, Decimal("9.99"), None, "c")], schema), source)
     run_merge(spark, {"target": {"uri": str(local)}, "source": {"uri": str(source)}, "merge_sql": UPSERT})
     # The rewritten file of ids 0, 2, 3 (materialized row ids) and the untouched one of ids 4-7.
     counts = {f.path: f.stats.num_records if f.stats else None for f in load_snapshot(str(local)).files}
