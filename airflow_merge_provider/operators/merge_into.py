@@ -53,8 +53,8 @@ class MergeIntoOperator(BaseOperator):
     and ``appVersion``. The table is the task's default outlet; its asset event carries the same dict.
 
     :param target: the Delta table: a path or URI, or ``{"uri", "storage_options"}``. (templated)
-    :param source: a Parquet path or URI, or the contract's ``{"uri", "format", "options"}`` or
-        ``{"query"}``. (templated)
+    :param source: a Parquet path or URI, or the contract's ``{"uri", "format", "options",
+        "storage_options"}`` or ``{"query"}``. (templated)
     :param merge_sql: a ``MERGE INTO target t USING source s ...`` statement, or a ``.sql`` file.
         (templated)
     :param condition: the ON condition of the structural form. (templated)
@@ -283,7 +283,8 @@ class MergeIntoOperator(BaseOperator):
         from airflow_merge_provider.job_package import job_application
 
         # A file keeps storage options off the command line; only a client-mode driver can read it.
-        in_file = hook.deploy_mode == "client" and bool(spec.target.storage_options)
+        secrets = bool(spec.target.storage_options or spec.source.storage_options)
+        in_file = hook.deploy_mode == "client" and secrets
         with job_arguments(spec.to_json(), in_file=in_file) as args:
             try:
                 hook.submit_job(job_application(), args)
@@ -367,5 +368,6 @@ def _redacted(spec: MergeSpec) -> MergeSpec:
     """The spec with storage option values hidden, for the log."""
     from dataclasses import replace
 
-    hidden = dict.fromkeys(spec.target.storage_options, "***")
-    return replace(spec, target=replace(spec.target, storage_options=hidden)) if hidden else spec
+    target = replace(spec.target, storage_options=dict.fromkeys(spec.target.storage_options, "***"))
+    source = replace(spec.source, storage_options=dict.fromkeys(spec.source.storage_options, "***"))
+    return replace(spec, target=target, source=source)

@@ -127,6 +127,7 @@ def _write(
             num_indexed_cols=int(snapshot.configuration.get("delta.dataSkippingNumIndexedCols", "32")),
             job_description=description,
             column_mapping_mode=mapping_mode(snapshot.configuration),
+            storage_options=snapshot.storage_options,
             **changes,
         )
     return dict(outcome.rows_by_code), tuple(outcome.files), outcome.change_files
@@ -269,6 +270,7 @@ def classic_merge(
             table_root=snapshot.table_uri, schema=plan.final_schema,
             partition_columns=snapshot.partition_columns, partition_values=removes[0].partition_values,
             column_mapping_mode=mapping_mode(snapshot.configuration),
+            storage_options=snapshot.storage_options,
         ),)
     if touched.extra_matches and not deduplicate:
         # Only a single unconditional DELETE allows multiple matches: the rewrite joined each deleted target

@@ -13,8 +13,10 @@ from pyspark import StorageLevel
 from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 
+from spark_jobs.delta_merge.arrow_scan import is_object_store
 from spark_jobs.delta_merge.errors import MergeAnalysisError, MergeExecutionError
 from spark_jobs.delta_merge.merge_sql import SOURCE_VIEW
+from spark_jobs.delta_merge.object_store_source import read_object_store_files
 from spark_jobs.delta_merge.spec import MergeOptions, SourceSpec
 
 __all__ = [
@@ -101,8 +103,9 @@ def read_source(spark: SparkSession, source: SourceSpec) -> SourceRead:
         from spark_jobs.delta_merge.snapshot import load_snapshot
         from spark_jobs.delta_merge.table_scan import scan_files
 
+        options = dict(source.options) | dict(source.storage_options)
         try:
-            snapshot = load_snapshot(source.uri, storage_options=dict(source.options), version=source.version)
+            snapshot = load_snapshot(source.uri, storage_options=options, version=source.version)
         except MergeAnalysisError as exc:
             # load_snapshot words its messages for the target; say which table failed.
             raise MergeAnalysisError(f"Cannot read the Delta source (source.uri): {exc}") from exc
@@ -111,6 +114,8 @@ def read_source(spark: SparkSession, source: SourceSpec) -> SourceRead:
         raise MergeAnalysisError(
             f"source.format: expected one of delta, {', '.join(_FILE_FORMATS)}; found {source.format!r}."
         )
+    if is_object_store(source.uri):
+        return SourceRead(read_object_store_files(spark, source, fmt), pinned_delta=False)
     try:
         df = spark.read.format(fmt).options(**source.options).load(source.uri)
         return SourceRead(df, pinned_delta=False)

@@ -83,6 +83,9 @@ class SourceSpec:
 
     :param format: ``delta``, ``parquet``, ``csv``, ``json`` or ``orc`` (None: parquet).
     :param version: for ``format="delta"``, the table version to read (None: the latest).
+    :param storage_options: how to reach a source on an object store, as deltalake takes them
+        (``AWS_ENDPOINT_URL``, keys, region, ``AWS_ALLOW_HTTP``). A Delta source also takes them from
+        ``options``, where they were given before this field existed.
     """
 
     uri: str | None = None
@@ -90,10 +93,11 @@ class SourceSpec:
     options: Mapping[str, str] = field(default_factory=dict)
     query: str | None = None
     version: int | None = None
+    storage_options: Mapping[str, str] = field(default_factory=dict, repr=False)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, field: str = "source") -> SourceSpec:
-        """``{"uri", "format"?, "options"?, "version"?}`` or ``{"query"}``."""
+        """``{"uri", "format"?, "options"?, "version"?, "storage_options"?}`` or ``{"query"}``."""
         return _build(cls, data, field)
 
     def to_dict(self) -> dict[str, Any]:
@@ -103,7 +107,9 @@ class SourceSpec:
             data["format"] = self.format
         if self.uri is not None or self.options:
             data["options"] = dict(self.options)
-        optional = {"query": self.query, "version": self.version}
+        optional: dict[str, Any] = {"query": self.query, "version": self.version}
+        if self.storage_options:
+            optional["storage_options"] = dict(self.storage_options)
         return data | {key: value for key, value in optional.items() if value is not None}
 
     def validate(self, *, field: str = "source") -> None:
@@ -112,11 +118,16 @@ class SourceSpec:
             found = "neither" if self.uri is None else "both"
             raise MergeSpecError(f"{field}: expected exactly one of uri and query, found {found}")
         _check_str_map(self.options, f"{field}.options")
+        _check_str_map(self.storage_options, f"{field}.storage_options")
         if self.query is not None:
             _check_str(self.query, f"{field}.query", "a Spark SQL query")
             for key, value in (("format", self.format), ("version", self.version), ("options", self.options)):
                 if value:
                     raise _fail(f"{field}.{key}", "nothing with source.query (put it in the query)", value)
+            if self.storage_options:
+                # Keys only: the values hold secrets.
+                raise _fail(f"{field}.storage_options", "nothing with source.query",
+                            f"keys {sorted(self.storage_options)}")  # fmt: skip
             # Comments are fine here: the query is run as written, never spliced into other SQL.
             tokens = tokenize_checked(
                 self.query, field=f"{field}.query", allow_trailing_semicolon=True, comments=True

@@ -1,5 +1,5 @@
 """Read exactly a given set of a table's live files with Spark: partition values from the log, deleted rows
-(deletion vectors) left out."""
+(deletion vectors) left out. Files on object stores are read by pyarrow in Spark tasks (arrow_scan)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,13 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
+from spark_jobs.delta_merge.arrow_scan import (
+    FILE_PATH,
+    ROW_INDEX,
+    ArrowScanFile,
+    is_object_store,
+    read_parquet_files,
+)
 from spark_jobs.delta_merge.column_mapping import (
     logical_column,
     mapping_mode,
@@ -62,6 +69,10 @@ def _read_live_rows(
     Files without a vector are read as they are; only files with one pay for the anti join on
     (file, ``_metadata.row_index``) against their deleted rows, which are few and broadcast.
     """
+    if is_object_store(snapshot.table_uri):
+        return _read_live_rows_with_arrow(
+            spark, snapshot, files, data_schema, with_file_key=with_file_key, with_row_index=with_row_index
+        )
     plain = [f for f in files if f.deletion_vector is None]
     with_dv = [f for f in files if f.deletion_vector is not None]
     parts: list[DataFrame] = []
@@ -100,6 +111,35 @@ def _read_live_rows(
     for part in parts[1:]:
         result = result.unionByName(part)
     return result
+
+
+def _read_live_rows_with_arrow(
+    spark: SparkSession,
+    snapshot: TargetSnapshot,
+    files: Sequence[LiveFile],
+    data_schema: StructType,
+    *,
+    with_file_key: bool,
+    with_row_index: bool,
+) -> DataFrame:
+    """What :func:`_read_live_rows` gives, read by pyarrow in Spark tasks: Spark's readers here have no
+    connector for object stores. Deleted rows are found on the driver, as for Spark's reader."""
+    options = snapshot.storage_options
+    store = log_store(snapshot.table_uri, options) if any(f.deletion_vector for f in files) else None
+    scan = []
+    for f in files:
+        deleted: list[int] = []
+        if f.deletion_vector is not None and store is not None:
+            deleted = deleted_rows(
+                store, snapshot.table_uri, f.deletion_vector, storage_options=snapshot.storage_options
+            )
+        # The file system's path of a file is its URI without the scheme (bucket/key on S3).
+        path = file_uri(snapshot, f).split("://", 1)[1]
+        scan.append(ArrowScanFile(path=path, key=file_key(snapshot, f), deleted_rows=deleted))
+    df = read_parquet_files(spark, snapshot.table_uri, scan, data_schema, storage_options=options)
+    df = df.withColumnRenamed(ROW_INDEX, _ROW_INDEX).withColumnRenamed(FILE_PATH, FILE_KEY_COLUMN)
+    df = df if with_row_index else df.drop(_ROW_INDEX)
+    return df if with_file_key else df.drop(FILE_KEY_COLUMN)
 
 
 def scan_files(

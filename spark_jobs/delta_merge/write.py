@@ -59,7 +59,7 @@ def write_merge_output(
     job_description: str | None = None, violation_column: str | None = None,
     change_types: Mapping[int, str] | None = None, preimage_change_types: Mapping[int, str] | None = None,
     preimage_columns: Sequence[str] = (), column_mapping_mode: str = "none",
-    hidden_columns: Sequence[str] = (),
+    hidden_columns: Sequence[str] = (), storage_options: Mapping[str, str] | None = None,
 ) -> WriteOutcome:
     """Write ``df`` as new Parquet files under ``table_root``, counting rows per action code.
 
@@ -132,6 +132,7 @@ def write_merge_output(
         change_types=tuple(sorted((change_types or {}).items())),
         preimage_change_types=tuple(sorted((preimage_change_types or {}).items())),
         hidden_count=len(hidden_columns),
+        storage_options=dict(storage_options or {}),
     )
     output = df.select(*[F.col(_quoted(n)).alias(n) for n in names], *[F.col(_quoted(c)) for c in extra])
     if partition_columns:
@@ -177,6 +178,7 @@ def write_merge_output(
 def write_empty_change_file(
     *, table_root: str, schema: StructType, partition_columns: Sequence[str],
     partition_values: Mapping[str, str | None], column_mapping_mode: str = "none",
+    storage_options: Mapping[str, str] | None = None,
 ) -> WrittenFile:
     """One change data file without rows under ``_change_data/`` (in the partition of the serialized
     ``partition_values``, keyed as in the log), for a rewrite that changed no row: see the classic merge
@@ -191,6 +193,7 @@ def write_empty_change_file(
         leaves=(),
         drop_codes=(),
         target_file_size=1,
+        storage_options=dict(storage_options or {}),
     )
     return _written_file(write_empty_file(plan.change_data_plan(), dict(partition_values)))
 

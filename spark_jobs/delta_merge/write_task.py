@@ -7,17 +7,17 @@ import json
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, NoReturn
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from pyspark.sql.types import DataType
 
+from spark_jobs.delta_merge.arrow_store import arrow_filesystem
 from spark_jobs.delta_merge.errors import ConstraintViolationError, MergeExecutionError
 from spark_jobs.delta_merge.file_stats import FileStatsCollector, StatsLeaf
 from spark_jobs.delta_merge.partition_values import (
@@ -74,6 +74,8 @@ class WriteTaskPlan:
     :param file_kind: ``file`` for data files, ``cdc`` for change data files (``cdc-`` names).
     :param hidden_count: the last this many columns of ``input_schema`` are written to data files but
         are no table columns (row tracking's materialized columns): change data files leave them out.
+    :param storage_options: how to reach the table's store (keys and endpoint for object stores); kept
+        out of ``repr`` so no log or error message carries a secret.
     """
 
     root: str
@@ -90,6 +92,7 @@ class WriteTaskPlan:
     preimage_change_types: tuple[tuple[int, str], ...] = ()
     file_kind: str = "file"
     hidden_count: int = 0
+    storage_options: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def table_width(self) -> int:
@@ -265,10 +268,7 @@ class _TaskWriter:
     def __init__(self, plan: WriteTaskPlan, task_id: int) -> None:
         self._plan = plan
         self._task_id = task_id
-        if "://" in plan.root or plan.root.startswith("file:"):
-            self._fs, self._base = pafs.FileSystem.from_uri(plan.root)
-        else:
-            self._fs, self._base = pafs.LocalFileSystem(), plan.root
+        self._fs, self._base = arrow_filesystem(plan.root, plan.storage_options)
         self._row_group_bytes = min(_MAX_ROW_GROUP_BYTES, max(_MIN_ROW_GROUP_BYTES, plan.target_file_size))
         self._open: dict[tuple[str | None, ...], _OpenFile] = {}
         self._buffered = 0

@@ -6,6 +6,7 @@ spark-submit is replaced by a fake binary (conftest.py) that prints what the job
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -416,12 +417,15 @@ def test_dry_run_neither_checks_the_log_nor_emits_table_metrics(
     assert (result["dryRun"], result["skipped"]) == (True, False)
 
 
+@pytest.mark.parametrize("side", ["target", "source"])
 def test_storage_options_travel_in_a_private_file_that_is_removed(
     tmp_path: Path,
     make_context: ContextFactory,
     fake_spark_submit: SimpleNamespace,
     spark_local: str,
     monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    side: str,
 ) -> None:
     table = create_table(tmp_path / "table")
     fake_spark_submit.mode("ok", metrics=JOB_METRICS)
@@ -434,13 +438,20 @@ def test_storage_options_travel_in_a_private_file_that_is_removed(
         original(hook, application, args)
 
     monkeypatch.setattr(MergeSubmitHook, "submit_job", spy)
-    op = _operator(tmp_path, fake_spark_submit, target={"uri": table, "storage_options": {"key": "secret"}})
+    caplog.set_level(logging.INFO)
+    secret = {"storage_options": {"key": "secret"}}
+    if side == "target":
+        op = _operator(tmp_path, fake_spark_submit, target={"uri": table, **secret})
+    else:
+        source = {"uri": str(tmp_path / "src"), "format": "delta", **secret}
+        op = _operator(tmp_path, fake_spark_submit, source=source)
 
     op.execute(make_context())
 
     assert seen == [("--spec", 0o600)]
     (argv,) = fake_spark_submit.calls()
     assert "secret" not in " ".join(argv)
+    assert "secret" not in caplog.text
     assert not Path(argv[argv.index("--spec") + 1]).exists()
 
 

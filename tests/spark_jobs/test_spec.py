@@ -249,7 +249,8 @@ def test_bad_column_paths(text: str) -> None:
         ),
         (
             with_(source={"uri": "/x", "fmt": "csv"}),
-            "source: expected keys among uri, format, options, query, version, found unknown key 'fmt'",
+            "source: expected keys among uri, format, options, query, version, storage_options, "
+            "found unknown key 'fmt'",
         ),
         (
             with_(options={"materialise_source": "all"}),
@@ -290,6 +291,17 @@ def test_unknown_and_missing_keys_at_every_level(data: dict[str, Any], message: 
             with_(target={"uri": "/x", "storage_options": {"k": 1}}),
             "target.storage_options.k: expected a string value (options are passed to Spark as strings), "
             "found 1 (int)",
+        ),
+        (
+            with_(source={"uri": "s3://b/x", "storage_options": {"AWS_REGION": 1}}),
+            "source.storage_options.AWS_REGION: expected a string value (options are passed to Spark as "
+            "strings), found 1 (int)",
+        ),
+        (
+            # Only the keys: the values are secrets.
+            with_(source={"query": "SELECT 1", "storage_options": {"AWS_SECRET_ACCESS_KEY": "s3cr3t"}}),
+            "source.storage_options: expected nothing with source.query, found \"keys "
+            "['AWS_SECRET_ACCESS_KEY']\" (str)",
         ),
         (with_(source={"uri": ""}), "source.uri: expected a non-empty path or URI, found '' (str)"),
         (
@@ -558,6 +570,17 @@ def test_validate_returns_the_parsed_merge_and_parsed_needs_no_validation() -> N
 def test_source_query_may_carry_comments_and_a_trailing_semicolon() -> None:
     source = SourceSpec(query="-- changes of the day\nWITH c AS (SELECT * FROM v) SELECT * FROM c;")
     source.validate()
+
+
+def test_source_storage_options_round_trip_and_stay_out_of_repr() -> None:
+    source = SourceSpec.from_dict(
+        {"uri": "s3://b/x", "format": "parquet", "storage_options": {"AWS_SECRET_ACCESS_KEY": "s3cr3t"}}
+    )
+    source.validate()
+    assert source.to_dict()["storage_options"] == {"AWS_SECRET_ACCESS_KEY": "s3cr3t"}
+    assert SourceSpec.from_dict(source.to_dict()) == source
+    assert "s3cr3t" not in repr(source)
+    assert "storage_options" not in SourceSpec(uri="/x").to_dict()
 
 
 def test_source_format_may_be_omitted() -> None:
