@@ -57,10 +57,16 @@ class _ScanPlan:
     storage_options: Mapping[str, str] = field(repr=False, compare=False)
 
 
+# Object stores, which pip's pyspark has no Hadoop connector for; HDFS and local paths stay with Spark.
+_OBJECT_STORE_SCHEMES = frozenset(
+    {"s3", "s3a", "s3n", "gs", "gcs", "az", "azure", "abfs", "abfss", "adl", "wasb", "wasbs"}
+)
+
+
 def is_object_store(uri: str) -> bool:
-    """Whether ``uri`` names a store Spark's readers here cannot open (any scheme but ``file``)."""
+    """Whether ``uri`` names an object store (S3, GCS, Azure), read here without Spark's readers."""
     scheme, sep, _ = uri.partition("://")
-    return bool(sep) and scheme.lower() != "file"
+    return bool(sep) and scheme.lower() in _OBJECT_STORE_SCHEMES
 
 
 def read_parquet_files(

@@ -21,6 +21,7 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from spark_jobs.delta_merge import run_merge
+from spark_jobs.delta_merge.arrow_scan import is_object_store
 from spark_jobs.delta_merge.column_mapping import mapping_mode
 from spark_jobs.delta_merge.errors import MergeAnalysisError, MergeJobError
 from spark_jobs.delta_merge.files import LiveFile
@@ -403,3 +404,15 @@ def test_a_wrong_secret_fails_cleanly_and_leaves_the_table(
         assert secret not in caplog.text
     assert DeltaTable(uri, storage_options=options).version() == 0
     assert table_rows(s3_server, uri, tmp_path) == [(1, "a")]
+
+
+@pytest.mark.parametrize(
+    ("uri", "object_store"),
+    [
+        ("s3://bucket/t", True), ("s3a://bucket/t", True), ("gs://bucket/t", True),
+        ("abfss://c@account.dfs.core.windows.net/t", True), ("az://c/t", True),
+        ("/data/t", False), ("file:///data/t", False), ("hdfs://namenode/t", False),
+    ],
+)  # fmt: skip
+def test_object_stores_are_read_with_pyarrow_and_hdfs_with_spark(uri: str, object_store: bool) -> None:
+    assert is_object_store(uri) is object_store
