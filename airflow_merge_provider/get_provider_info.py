@@ -21,6 +21,7 @@ _SENSOR_MODULES: tuple[str, ...] = ("airflow_merge_provider.sensors.merge_commit
 _HOOK_MODULES: tuple[str, ...] = (
     "airflow_merge_provider.hooks.merge_commit",
     "airflow_merge_provider.hooks.merge_into",
+    "airflow_merge_provider.hooks.storage_credentials",
 )
 _TRIGGER_MODULES: tuple[str, ...] = ("airflow_merge_provider.triggers.merge_commit",)
 

@@ -13,6 +13,7 @@ from airflow.sdk.exceptions import AirflowException
 
 from airflow_merge_provider.assets import default_outlet, record_merge_event
 from airflow_merge_provider.errors import (
+    MergeArgumentError,
     MergeMetricsNotFoundError,
     MergeProviderError,
     MergeSpecInvalidError,
@@ -83,6 +84,11 @@ class MergeIntoOperator(BaseOperator):
     :param env_vars: environment of spark-submit; on a ``local`` master ``PYSPARK_PYTHON`` and
         ``PYSPARK_DRIVER_PYTHON`` default to the worker's Python, which has the job's dependencies.
     :param spark_binary: the spark-submit command (default: the connection's, else ``spark-submit``).
+    :param aws_conn_id: an Airflow connection whose AWS credentials (and extras ``region_name``,
+        ``endpoint_url``) complete the storage options of an S3 target and S3 source for this run only;
+        keys given in ``storage_options`` win. Resolved at execute time (with the Amazon provider when it
+        is installed, else login = access key id, password = secret, extra ``aws_session_token``); the
+        credentials never reach the log, XCom or rendered fields. Not templated.
     :param app_id: override the idempotency key's application id (templated: ``"accounts.{{ ds }}"``
         makes the merge apply once per logical date, whichever run or clear runs it).
     :param app_version: override the idempotency key's version (default: the DAG run's clear number).
@@ -128,6 +134,7 @@ class MergeIntoOperator(BaseOperator):
         total_executor_cores: int | None = None,
         env_vars: Mapping[str, str] | None = None,
         spark_binary: str | None = None,
+        aws_conn_id: str | None = None,
         app_id: str | None = None,
         app_version: int | None = None,
         wait_for_completion: bool = True,
@@ -163,6 +170,7 @@ class MergeIntoOperator(BaseOperator):
         self.total_executor_cores = total_executor_cores
         self.env_vars = dict(env_vars or {})
         self.spark_binary = spark_binary
+        self.aws_conn_id = aws_conn_id
         self.app_id = app_id
         self.app_version = app_version
         self.wait_for_completion = wait_for_completion
@@ -245,6 +253,8 @@ class MergeIntoOperator(BaseOperator):
         self._spec = spec
         target, app_id, app_version = spec.target.uri, spec.run.app_id, spec.run.app_version
         self.log.info("Merge spec:\n%s", _redacted(spec).to_json(indent=2))
+        # From here on the spec may hold the connection's credentials: it stays local to this call.
+        spec = self._with_connection_credentials(spec)
         if not spec.options.dry_run:
             committed = self._committed(spec)
             if committed is not None:
@@ -254,6 +264,11 @@ class MergeIntoOperator(BaseOperator):
                 )  # fmt: skip
                 return self._finish(context, spec, committed.metrics(skipped=True))
         hook = self._make_hook(spec)
+        if self.aws_conn_id is not None and not self.wait_for_completion and hook.deploy_mode == "client":
+            raise MergeArgumentError(
+                "aws_conn_id needs wait_for_completion=True in client deploy mode: a detached client-mode "
+                "spark-submit would get the credentials on its command line"
+            )
         if spec.options.dry_run and hook.deploy_mode == "cluster":
             raise MergeSpecInvalidError(
                 "dry_run needs client deploy mode: in cluster mode the driver's output (the only place a dry "
@@ -262,6 +277,23 @@ class MergeIntoOperator(BaseOperator):
         if not self.wait_for_completion:
             return self._submit_detached(hook, spec)
         return self._finish(context, spec, self._submit(hook, spec))
+
+    def _with_connection_credentials(self, spec: MergeSpec) -> MergeSpec:
+        """The spec with ``aws_conn_id``'s credentials in its S3 target's and source's storage options."""
+        if self.aws_conn_id is None:
+            return spec
+        from dataclasses import replace
+
+        from airflow_merge_provider.hooks.storage_credentials import StorageCredentialsHook, with_credentials
+
+        credentials = StorageCredentialsHook(aws_conn_id=self.aws_conn_id).storage_options()
+        self.log.info("Storage credentials from connection %r (keys: %s)", self.aws_conn_id,
+                      ", ".join(sorted(credentials)))  # fmt: skip
+        target = replace(spec.target, storage_options=with_credentials(
+            credentials, spec.target.storage_options, uri=spec.target.uri))  # fmt: skip
+        source = replace(spec.source, storage_options=with_credentials(
+            credentials, spec.source.storage_options, uri=spec.source.uri))  # fmt: skip
+        return replace(spec, target=target, source=source)
 
     def _committed(self, spec: MergeSpec) -> MergeCommit | None:
         return find_merge_commit(

@@ -1,0 +1,133 @@
+"""StorageCredentialsHook: an Airflow connection's AWS credentials as deltalake-style storage options."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Mapping
+from typing import Any
+
+from airflow.sdk import BaseHook
+from airflow.sdk.exceptions import AirflowNotFoundException
+
+from airflow_merge_provider.errors import MergeArgumentError
+
+__all__ = ["StorageCredentialsHook", "amazon_provider_installed", "with_credentials"]
+
+# The URI schemes whose storage options take AWS credentials.
+_S3_SCHEMES = ("s3://", "s3a://")
+# Spellings deltalake and object_store take for the same option (after dropping ``AWS_``).
+_ALIASES = {"ENDPOINT": "ENDPOINT_URL", "TOKEN": "SESSION_TOKEN", "DEFAULT_REGION": "REGION"}
+_KEY_PARTS = frozenset({"ACCESS_KEY_ID", "SECRET_ACCESS_KEY", "SESSION_TOKEN"})
+
+
+def amazon_provider_installed() -> bool:
+    """Whether the Amazon provider is installed: it then resolves the connection (roles, profiles, ...)."""
+    return importlib.util.find_spec("airflow.providers.amazon") is not None
+
+
+class StorageCredentialsHook(BaseHook):
+    """Reads S3 credentials from an Airflow connection, as the job's ``storage_options`` keys.
+
+    With the Amazon provider installed, its ``AwsBaseHook`` resolves the connection (so assumed roles,
+    profiles and the default credential chain work); otherwise the connection is read as: login = access
+    key id, password = secret access key, extras ``region_name``, ``endpoint_url`` and
+    ``aws_session_token``. The endpoint comes from the extra ``endpoint_url`` either way.
+
+    :param aws_conn_id: the connection id.
+    """
+
+    conn_name_attr = "aws_conn_id"
+    default_conn_name = "aws_default"
+
+    def __init__(self, *, aws_conn_id: str) -> None:
+        super().__init__()
+        self.aws_conn_id = aws_conn_id
+
+    def storage_options(self) -> dict[str, str]:
+        """``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY`` and, when known, ``AWS_SESSION_TOKEN``,
+        ``AWS_REGION``, ``AWS_ENDPOINT_URL`` (with ``AWS_ALLOW_HTTP`` for an ``http://`` endpoint).
+
+        :raises MergeArgumentError: the connection is not defined, or holds no usable credentials. The
+            message names the connection, never its values.
+        """
+        try:
+            connection = self.get_connection(self.aws_conn_id)
+        except AirflowNotFoundException as error:
+            raise MergeArgumentError(
+                f"AWS connection {self.aws_conn_id!r} (aws_conn_id) is not defined. Define it, e.g. "
+                f"AIRFLOW_CONN_{self.aws_conn_id.upper()}='{{\"conn_type\": \"aws\", \"login\": "
+                '"<access key id>", "password": "<secret access key>", "extra": {"region_name": ...}}\'.'
+            ) from error
+        extra = _extras(connection)
+        if amazon_provider_installed():
+            options = self._from_amazon_provider()
+        else:
+            token, region = extra.get("aws_session_token"), extra.get("region_name")
+            options = _options(connection.login, connection.password, token, region)
+        endpoint = extra.get("endpoint_url") or _service_endpoint(extra)
+        if endpoint:
+            options["AWS_ENDPOINT_URL"] = str(endpoint)
+            if str(endpoint).startswith("http://"):
+                options["AWS_ALLOW_HTTP"] = "true"
+        if "AWS_ACCESS_KEY_ID" not in options or "AWS_SECRET_ACCESS_KEY" not in options:
+            raise MergeArgumentError(
+                f"AWS connection {self.aws_conn_id!r} (aws_conn_id) has no access key id and secret access "
+                "key: set its login and password (or let the Amazon provider resolve them)."
+            )
+        return options
+
+    def _from_amazon_provider(self) -> dict[str, str]:
+        from airflow.providers.amazon.aws.hooks.base_aws import (  # type: ignore[import-not-found,unused-ignore]
+            AwsBaseHook,
+        )
+
+        hook = AwsBaseHook(aws_conn_id=self.aws_conn_id)
+        try:
+            credentials = hook.get_credentials()
+        except Exception as error:
+            # The cause's message may quote the connection; keep only its type.
+            raise MergeArgumentError(
+                f"AWS connection {self.aws_conn_id!r} (aws_conn_id): the Amazon provider could not resolve "
+                f"credentials ({type(error).__name__})."
+            ) from None
+        return _options(credentials.access_key, credentials.secret_key, credentials.token, hook.region_name)
+
+
+def with_credentials(
+    credentials: Mapping[str, str], storage_options: Mapping[str, str], *, uri: str | None
+) -> dict[str, str]:
+    """``storage_options`` completed with ``credentials`` when ``uri`` is on S3; explicit keys win."""
+    if uri is None or not uri.lower().startswith(_S3_SCHEMES):
+        return dict(storage_options)
+    given = {_canonical(key) for key in storage_options}
+    if given & _KEY_PARTS:
+        # A key given explicitly is used whole: never its id with the connection's secret.
+        given |= _KEY_PARTS
+    added = {key: value for key, value in credentials.items() if _canonical(key) not in given}
+    return {**added, **storage_options}
+
+
+def _canonical(key: str) -> str:
+    name = key.upper().removeprefix("AWS_")
+    return _ALIASES.get(name, name)
+
+
+def _options(
+    access_key: str | None, secret_key: str | None, token: Any, region: Any
+) -> dict[str, str]:
+    values = {"AWS_ACCESS_KEY_ID": access_key, "AWS_SECRET_ACCESS_KEY": secret_key,
+              "AWS_SESSION_TOKEN": token, "AWS_REGION": region}  # fmt: skip
+    return {key: str(value) for key, value in values.items() if value}
+
+
+def _extras(connection: Any) -> dict[str, Any]:
+    extra = connection.extra_dejson
+    return dict(extra) if isinstance(extra, Mapping) else {}
+
+
+def _service_endpoint(extra: Mapping[str, Any]) -> str | None:
+    # The Amazon provider's per-service form: {"service_config": {"s3": {"endpoint_url": ...}}}.
+    service = extra.get("service_config")
+    s3 = service.get("s3") if isinstance(service, Mapping) else None
+    endpoint = s3.get("endpoint_url") if isinstance(s3, Mapping) else None
+    return str(endpoint) if endpoint else None

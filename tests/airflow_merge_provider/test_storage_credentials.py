@@ -1,0 +1,237 @@
+"""S3 credentials from an Airflow connection (``aws_conn_id``), without a JVM: the hook, the merge of
+credentials into storage options, and MergeIntoOperator carrying them to spark-submit in a private file only.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import json
+import sys
+import types
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from airflow_merge_provider.errors import MergeArgumentError
+from airflow_merge_provider.hooks import storage_credentials
+from airflow_merge_provider.hooks.merge_into import MergeSubmitHook
+from airflow_merge_provider.hooks.storage_credentials import StorageCredentialsHook, with_credentials
+from airflow_merge_provider.operators import merge_into
+from tests.airflow_merge_provider.conftest import ContextFactory
+from tests.airflow_merge_provider.test_merge_into import JOB_METRICS, _operator
+
+ACCESS_KEY = "AKIATESTCONNECTION01"
+SECRET = "conn-secret-5b0c7e1f9d2a"
+TOKEN = "conn-session-token-77aa"
+
+
+def _define(monkeypatch: pytest.MonkeyPatch, conn_id: str, **fields: Any) -> None:
+    monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps({"conn_type": "aws", **fields}))
+
+
+def test_a_generic_connection_gives_keys_region_and_endpoint(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(storage_credentials, "amazon_provider_installed", lambda: False)
+    _define(monkeypatch, "lake", login=ACCESS_KEY, password=SECRET,
+            extra={"region_name": "eu-west-3", "endpoint_url": "http://127.0.0.1:9000"})  # fmt: skip
+
+    options = StorageCredentialsHook(aws_conn_id="lake").storage_options()
+
+    assert options == {
+        "AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_REGION": "eu-west-3",
+        "AWS_ENDPOINT_URL": "http://127.0.0.1:9000", "AWS_ALLOW_HTTP": "true",
+    }  # fmt: skip
+
+
+def test_a_session_token_and_a_per_service_endpoint(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(storage_credentials, "amazon_provider_installed", lambda: False)
+    _define(monkeypatch, "lake", login=ACCESS_KEY, password=SECRET,
+            extra={"aws_session_token": TOKEN, "service_config": {"s3": {"endpoint_url": "https://s3.internal"}}})
+
+    options = StorageCredentialsHook(aws_conn_id="lake").storage_options()
+
+    assert options == {
+        "AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_SESSION_TOKEN": TOKEN,
+        "AWS_ENDPOINT_URL": "https://s3.internal",
+    }  # fmt: skip
+
+
+def test_an_unknown_connection_is_an_error_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("AIRFLOW_CONN_NO_SUCH_LAKE", raising=False)
+
+    with pytest.raises(MergeArgumentError, match="'no_such_lake'") as caught:
+        StorageCredentialsHook(aws_conn_id="no_such_lake").storage_options()
+
+    assert "AIRFLOW_CONN_NO_SUCH_LAKE" in str(caught.value)
+
+
+def test_a_connection_without_a_secret_is_an_error_that_does_not_quote_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(storage_credentials, "amazon_provider_installed", lambda: False)
+    _define(monkeypatch, "half", login=ACCESS_KEY, extra={"region_name": "eu-west-3"})
+
+    with pytest.raises(MergeArgumentError, match="'half'") as caught:
+        StorageCredentialsHook(aws_conn_id="half").storage_options()
+
+    assert ACCESS_KEY not in str(caught.value)
+
+
+def test_with_the_amazon_provider_its_hook_resolves_the_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The Amazon provider is not installed in this environment: a stand-in module of the same name plays
+    # AwsBaseHook, so the branch's own logic (what it asks the provider, how it maps the answer) is run.
+    asked: list[str] = []
+
+    class FakeAwsBaseHook:
+        region_name = "ap-south-1"
+
+        def __init__(self, *, aws_conn_id: str) -> None:
+            asked.append(aws_conn_id)
+
+        def get_credentials(self) -> Any:
+            return SimpleNamespace(access_key="AKIAROLE", secret_key="role-secret", token="role-token")
+
+    names = ["airflow.providers.amazon", "airflow.providers.amazon.aws", "airflow.providers.amazon.aws.hooks",
+             "airflow.providers.amazon.aws.hooks.base_aws"]  # fmt: skip
+    for name in names:
+        module = types.ModuleType(name)
+        module.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setattr(sys.modules[names[-1]], "AwsBaseHook", FakeAwsBaseHook, raising=False)
+    _define(monkeypatch, "role", extra={"role_arn": "arn:aws:iam::1:role/x", "endpoint_url": "https://s3.x"})
+
+    assert storage_credentials.amazon_provider_installed()
+    options = StorageCredentialsHook(aws_conn_id="role").storage_options()
+
+    assert asked == ["role"]
+    assert options == {
+        "AWS_ACCESS_KEY_ID": "AKIAROLE", "AWS_SECRET_ACCESS_KEY": "role-secret",
+        "AWS_SESSION_TOKEN": "role-token", "AWS_REGION": "ap-south-1", "AWS_ENDPOINT_URL": "https://s3.x",
+    }  # fmt: skip
+
+
+CREDENTIALS = {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_SESSION_TOKEN": TOKEN,
+               "AWS_REGION": "eu-west-3", "AWS_ENDPOINT_URL": "http://minio:9000"}  # fmt: skip
+
+
+def test_explicit_storage_options_win_and_a_key_is_never_mixed() -> None:
+    explicit = {"aws_region": "us-east-1", "AWS_ENDPOINT": "http://other:9000",
+                "AWS_ACCESS_KEY_ID": "AKIAMINE", "AWS_SECRET_ACCESS_KEY": "mine"}  # fmt: skip
+
+    merged = with_credentials(CREDENTIALS, explicit, uri="s3://bucket/table")
+
+    # Region and endpoint given under other spellings win; the explicit key comes without the connection's
+    # session token (a token belongs to its own key).
+    assert merged == explicit
+    only_region = with_credentials(CREDENTIALS, {"AWS_REGION": "us-east-1"}, uri="s3a://bucket/table")
+    assert only_region == {**CREDENTIALS, "AWS_REGION": "us-east-1"}
+
+
+def test_credentials_go_only_to_s3_uris() -> None:
+    assert with_credentials(CREDENTIALS, {}, uri="/local/table") == {}
+    assert with_credentials(CREDENTIALS, {"x": "y"}, uri="gs://bucket/t") == {"x": "y"}
+    assert with_credentials(CREDENTIALS, {}, uri=None) == {}
+    assert with_credentials(CREDENTIALS, {}, uri="S3://bucket/t") == CREDENTIALS
+
+
+# -- MergeIntoOperator -------------------------------------------------------------------------------------
+
+
+def test_the_operator_puts_connection_credentials_in_the_private_spec_file_only(
+    tmp_path: Path,
+    make_context: ContextFactory,
+    fake_spark_submit: SimpleNamespace,
+    spark_local: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setattr(storage_credentials, "amazon_provider_installed", lambda: False)
+    _define(monkeypatch, "lake", login=ACCESS_KEY, password=SECRET,
+            extra={"region_name": "eu-west-3", "endpoint_url": "http://127.0.0.1:9"})  # fmt: skip
+    checked: list[dict[str, str]] = []
+
+    def no_commit_yet(uri: str, **kwargs: Any) -> None:  # the idempotency check, without an S3 server
+        checked.append(dict(kwargs["storage_options"]))
+
+    monkeypatch.setattr(merge_into, "find_merge_commit", no_commit_yet)
+    seen: list[tuple[str, int, dict[str, Any]]] = []
+    original = MergeSubmitHook.submit_job
+
+    def spy(hook: MergeSubmitHook, application: str, args: list[str]) -> None:
+        path = Path(args[1])
+        seen.append((args[0], path.stat().st_mode & 0o777, json.loads(path.read_text(encoding="utf-8"))))
+        original(hook, application, args)
+
+    monkeypatch.setattr(MergeSubmitHook, "submit_job", spy)
+    fake_spark_submit.mode("ok", metrics=JOB_METRICS)
+    target = {"uri": "s3://lake/orders", "storage_options": {"AWS_REGION": "us-east-1"}}
+    source = "s3://lake/incoming/{{ ds }}"
+    op = _operator(tmp_path, fake_spark_submit, target=target, source=source, aws_conn_id="lake")
+    context = make_context()
+    op.render_template_fields(context)
+
+    result = op.execute(context)
+
+    ((flag, mode, spec),) = seen
+    assert (flag, mode) == ("--spec", 0o600)
+    expected = {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET,
+                "AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_ALLOW_HTTP": "true"}  # fmt: skip
+    assert spec["target"]["storage_options"] == {**expected, "AWS_REGION": "us-east-1"}  # explicit wins
+    assert spec["source"]["uri"] == "s3://lake/incoming/2024-01-02"
+    assert spec["source"]["storage_options"] == {**expected, "AWS_REGION": "eu-west-3"}
+    assert checked == [spec["target"]["storage_options"]]
+    (argv,) = fake_spark_submit.calls()
+    assert SECRET not in " ".join(argv)
+    assert not Path(argv[argv.index("--spec") + 1]).exists()
+    # The task log (Airflow's structlog writes to the process's streams): the run was logged, not the keys.
+    captured = capfd.readouterr()
+    log = captured.out + captured.err
+    assert "connection 'lake'" in log
+    assert "MERGE into s3://lake/orders" in log
+    assert SECRET not in log
+    assert ACCESS_KEY not in log
+    assert SECRET not in json.dumps(result)
+    # The rendered fields (what the UI shows) keep only what the DAG gave.
+    rendered = {name: getattr(op, name) for name in op.template_fields}
+    assert SECRET not in json.dumps(rendered, default=str)
+    assert op.target == target
+    assert spec["run"]["app_id"] == result["appId"]
+
+
+def test_an_unknown_aws_conn_id_fails_before_spark_submit(
+    tmp_path: Path,
+    make_context: ContextFactory,
+    fake_spark_submit: SimpleNamespace,
+    spark_local: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("AIRFLOW_CONN_MISSING_LAKE", raising=False)
+    monkeypatch.setattr(merge_into, "find_merge_commit", lambda *a, **k: None)
+    fake_spark_submit.mode("ok", metrics=JOB_METRICS)
+    op = _operator(tmp_path, fake_spark_submit, target="s3://lake/orders", aws_conn_id="missing_lake")
+
+    with pytest.raises(MergeArgumentError, match="'missing_lake'"):
+        op.execute(make_context())
+
+    assert fake_spark_submit.calls() == []
+
+
+def test_aws_conn_id_refuses_a_detached_client_mode_submit(
+    tmp_path: Path,
+    make_context: ContextFactory,
+    fake_spark_submit: SimpleNamespace,
+    spark_local: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(storage_credentials, "amazon_provider_installed", lambda: False)
+    _define(monkeypatch, "lake", login=ACCESS_KEY, password=SECRET)
+    monkeypatch.setattr(merge_into, "find_merge_commit", lambda *a, **k: None)
+    op = _operator(tmp_path, fake_spark_submit, target="s3://lake/orders", aws_conn_id="lake",
+                   wait_for_completion=False)  # fmt: skip
+
+    with pytest.raises(MergeArgumentError, match="command line") as caught:
+        op.execute(make_context())
+
+    assert SECRET not in str(caught.value)
+    assert fake_spark_submit.calls() == []
