@@ -1,0 +1,122 @@
+"""Merges into Delta tables on S3 (the moto server, request signing on) through the deployment paths: the
+job's CLI under real spark-submit, with the storage options in a private spec file. The secret key must
+never show on a command line of the spark-submit process tree, nor in its output."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from deltalake import DeltaTable, write_deltalake
+
+from tests.delta_reader import read_rows
+from tests.s3_server import S3Server
+from tests.spark_jobs.submit_harness import Submitted
+
+pytestmark = [pytest.mark.spark, pytest.mark.integration]
+
+KV = pa.schema([("id", pa.int64()), ("v", pa.string())])
+UPSERT = "MERGE INTO t USING s ON t.id = s.id WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *"
+
+
+def kv(rows: list[tuple[int, str]]) -> pa.Table:
+    return pa.Table.from_pylist([{"id": i, "v": v} for i, v in rows], schema=KV)
+
+
+def write_parquet_source(server: S3Server, uri: str, table: pa.Table) -> None:
+    pq.write_table(table, f"{uri.removeprefix('s3://')}/part-0.parquet", filesystem=server.arrow_fs())
+
+
+class CommandLineWatch:
+    """Samples every process's command line (``/proc/*/cmdline``) until stopped: which of them held
+    ``needle``, and the command lines of the process group ``pgid`` seen meanwhile."""
+
+    def __init__(self, needle: str, pgid: int) -> None:
+        self.needle = needle.encode()
+        self.pgid = pgid
+        self.leaks: list[str] = []
+        self.group: set[str] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for proc in Path("/proc").iterdir():
+                if not proc.name.isdigit():
+                    continue
+                try:
+                    cmdline = (proc / "cmdline").read_bytes()
+                    pgrp = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[2])
+                except (OSError, ValueError, IndexError):
+                    continue  # the process ended meanwhile
+                text = cmdline.replace(b"\0", b" ").decode(errors="replace").strip()
+                if self.needle in cmdline:
+                    self.leaks.append(f"{proc.name}: {text[:300]}")
+                if pgrp == self.pgid and text:
+                    self.group.add(text)
+            self._stop.wait(0.2)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+
+def test_spark_submit_merges_into_s3_with_the_keys_in_a_private_spec_file(
+    s3_server: S3Server, bucket: str, tmp_path: Path
+) -> None:
+    options = s3_server.storage_options()
+    secret = options["AWS_SECRET_ACCESS_KEY"]
+    target = f"s3://{bucket}/orders"
+    source = f"s3://{bucket}/incoming/2024-01-02"
+    write_deltalake(target, kv([(1, "a"), (2, "b"), (3, "c")]), storage_options=options)
+    write_parquet_source(s3_server, source, kv([(2, "B"), (4, "d")]))
+    spec: dict[str, Any] = {
+        "target": {"uri": target, "storage_options": options},
+        "source": {"uri": source, "format": "parquet", "storage_options": options},
+        "merge_sql": UPSERT,
+        "run": {"app_id": "deployed-s3", "app_version": 1},
+    }
+    spec_file = tmp_path / "spec.json"
+    spec_file.touch(mode=0o600)
+    os.chmod(spec_file, 0o600)  # touch's mode goes through the umask
+
+    job = Submitted(spec, spec_file, confs={"spark.driver.memory": "768m"})
+    watch = CommandLineWatch(secret, job.process.pid)
+    try:
+        code = job.wait(timeout=600)
+    finally:
+        watch.stop()
+        if job.process.poll() is None:
+            job.kill()
+
+    assert code == 0, job.tail()
+    assert secret in spec_file.read_text(encoding="utf-8")  # the keys were there to leak
+    assert spec_file.stat().st_mode & 0o777 == 0o600
+    # The rows, read back from S3 with deltalake and the same storage options.
+    rows = sorted(tuple(r) for r in read_rows(target, columns=["id", "v"], storage_options=options))
+    assert rows == [(1, "a"), (2, "B"), (3, "c"), (4, "d")]
+    history = DeltaTable(target, storage_options=options).history(1)
+    assert history[0]["operation"] == "MERGE"
+    # One metrics line, with the merge's counts.
+    metrics = job.metrics()
+    assert metrics is not None, job.tail()
+    counts = ("numSourceRows", "numTargetRowsUpdated", "numTargetRowsInserted", "numTargetRowsCopied")
+    assert {name: metrics[name] for name in counts} == dict(zip(counts, (2, 1, 1, 2), strict=True))
+    assert (metrics["readVersion"], metrics["tableVersion"], metrics["dryRun"]) == (0, 1, False)
+    # No command line ever held the secret: not spark-submit's, the JVM's, the Python driver's or a worker's
+    # (the watch did see the tree: the JVM and the Python driver running the job's __main__.py).
+    assert watch.leaks == []
+    assert any("org.apache.spark.deploy.SparkSubmit" in cmd for cmd in watch.group), watch.group
+    assert any("__main__.py" in cmd and "--spec" in cmd for cmd in watch.group), watch.group
+    # Nor the output (spark-submit's stdout and stderr, merged).
+    output = "\n".join(job.lines)
+    assert "MERGE_METRICS_JSON=" in output
+    assert secret not in output
+    assert secret not in json.dumps(metrics)
