@@ -1,6 +1,7 @@
 """Merges into Delta tables on S3 (the moto server, request signing on) through the deployment paths: the
-job's CLI under real spark-submit, with the storage options in a private spec file. The secret key must
-never show on a command line of the spark-submit process tree, nor in its output."""
+job's CLI under real spark-submit with the storage options in a private spec file, and `airflow dags test` of
+a MergeIntoOperator taking its credentials from a connection (aws_conn_id). The secret key must never show
+on a command line, in the output or task log, in XCom, rendered fields or the metadata DB."""
 
 from __future__ import annotations
 
@@ -120,3 +121,90 @@ def test_spark_submit_merges_into_s3_with_the_keys_in_a_private_spec_file(
     assert "MERGE_METRICS_JSON=" in output
     assert secret not in output
     assert secret not in json.dumps(metrics)
+
+
+# -- airflow dags test: MergeIntoOperator with aws_conn_id --------------------------------------------------
+
+S3_DAG = '''
+"""A merge from a Parquet source on S3 into a Delta table on S3, with credentials from a connection."""
+from __future__ import annotations
+
+import os
+
+import pendulum
+from airflow.sdk import DAG
+
+from airflow_merge_provider.operators.merge_into import MergeIntoOperator
+
+START = pendulum.datetime(2024, 1, 1, tz="UTC")
+
+with DAG(dag_id="merge_s3_with_connection", schedule=None, start_date=START):
+    MergeIntoOperator(
+        task_id="upsert_orders",
+        target=os.environ["MERGE_S3_TARGET"],
+        source=os.environ["MERGE_S3_SOURCE"] + "/{{ ds }}",
+        merge_sql="MERGE INTO t USING s ON t.id = s.id "
+                  "WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *",
+        conn_id=os.environ["MERGE_EXAMPLES_SPARK_CONN_ID"],
+        aws_conn_id="moto_s3",
+        spark_conf={"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2"},
+    )
+'''
+
+
+def test_airflow_dags_test_merges_into_s3_with_credentials_from_a_connection(
+    s3_server: S3Server, bucket: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    from tests.airflow_merge_provider.conftest import make_airflow_home
+
+    options = s3_server.storage_options()
+    secret, key_id = options["AWS_SECRET_ACCESS_KEY"], options["AWS_ACCESS_KEY_ID"]
+    target, landing = f"s3://{bucket}/orders", f"s3://{bucket}/landing/orders"
+    write_deltalake(target, kv([(1, "a"), (2, "b"), (3, "c")]), storage_options=options)
+    write_parquet_source(s3_server, f"{landing}/2024-01-02", kv([(2, "B"), (4, "d")]))
+    extra = {"region_name": options["AWS_REGION"], "endpoint_url": s3_server.endpoint}
+    connection = {"conn_type": "aws", "login": key_id, "password": secret, "extra": extra}
+    root = tmp_path_factory.mktemp("airflow-s3")
+    home = make_airflow_home(root, env={
+        "AIRFLOW_CONN_MOTO_S3": json.dumps(connection), "MERGE_S3_TARGET": target, "MERGE_S3_SOURCE": landing,
+    })  # fmt: skip
+    (home.dags / "merge_s3_with_connection.py").write_text(S3_DAG, encoding="utf-8")
+
+    result = home.dags_test("merge_s3_with_connection", "2024-01-02")
+
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    rows = sorted(tuple(r) for r in read_rows(target, columns=["id", "v"], storage_options=options))
+    assert rows == [(1, "a"), (2, "B"), (3, "c"), (4, "d")]
+    history = DeltaTable(target, storage_options=options).history(1)
+    assert history[0]["operation"] == "MERGE"
+    xcom = home.query("""
+        from airflow.models.xcom import XComModel
+        with create_session() as session:
+            (row,) = session.query(XComModel).filter_by(dag_id="merge_s3_with_connection",
+                                                        task_id="upsert_orders", key="return_value").all()
+            result = row.value
+    """)
+    xcom = json.loads(xcom) if isinstance(xcom, str) else xcom
+    counts = ("numSourceRows", "numTargetRowsUpdated", "numTargetRowsInserted", "numTargetRowsCopied")
+    assert {name: xcom[name] for name in counts} == dict(zip(counts, (2, 1, 1, 2), strict=True))
+    assert (xcom["tableVersion"], xcom["skipped"]) == (1, False)
+    rendered = home.query("""
+        from airflow.models.renderedtifields import RenderedTaskInstanceFields as R
+        with create_session() as session:
+            rows = session.query(R).filter_by(dag_id="merge_s3_with_connection")
+            result = [r.rendered_fields for r in rows]
+    """)
+    assert len(rendered) == 1
+    assert rendered[0]["source"] == f"{landing}/2024-01-02"
+    # The secret is nowhere Airflow keeps things: XCom, rendered fields, the task's log, the metadata DB as
+    # a whole. `airflow dags test` runs the task in its own process and prints the task log (checked in
+    # `output`) instead of writing files under logs/; any file there is scanned too.
+    assert "Storage credentials from connection 'moto_s3'" in output  # the task log is in this output
+    assert "MERGE_METRICS_JSON=" in output
+    for text in (json.dumps(xcom), json.dumps(rendered), output):
+        assert secret not in text
+    home_dir = Path(home.env["AIRFLOW_HOME"])
+    for path in [*home_dir.joinpath("logs").rglob("*"), *home_dir.glob("airflow.db*")]:
+        if path.is_file():
+            assert secret.encode() not in path.read_bytes(), path
