@@ -88,7 +88,8 @@ class MergeIntoOperator(BaseOperator):
         ``endpoint_url``) complete the storage options of an S3 target and S3 source for this run only;
         keys given in ``storage_options`` win. Resolved at execute time (with the Amazon provider when it
         is installed, else login = access key id, password = secret, extra ``aws_session_token``); the
-        credentials never reach the log, XCom or rendered fields. Not templated.
+        credentials never reach the log, XCom or rendered fields. Needs client deploy mode and
+        ``wait_for_completion`` (the spec then travels in a private file). Not templated.
     :param app_id: override the idempotency key's application id (templated: ``"accounts.{{ ds }}"``
         makes the merge apply once per logical date, whichever run or clear runs it).
     :param app_version: override the idempotency key's version (default: the DAG run's clear number).
@@ -264,10 +265,13 @@ class MergeIntoOperator(BaseOperator):
                 )  # fmt: skip
                 return self._finish(context, spec, committed.metrics(skipped=True))
         hook = self._make_hook(spec)
-        if self.aws_conn_id is not None and not self.wait_for_completion and hook.deploy_mode == "client":
+        if self.aws_conn_id is not None and (hook.deploy_mode == "cluster" or not self.wait_for_completion):
+            # Only a waiting client-mode driver reads the spec from a private file on this machine.
             raise MergeArgumentError(
-                "aws_conn_id needs wait_for_completion=True in client deploy mode: a detached client-mode "
-                "spark-submit would get the credentials on its command line"
+                f"aws_conn_id needs client deploy mode and wait_for_completion=True (found deploy mode "
+                f"{hook.deploy_mode!r}, wait_for_completion={self.wait_for_completion}): otherwise the "
+                "credentials would be on spark-submit's command line. Give cluster-mode or detached drivers "
+                "credentials through their environment or instance roles."
             )
         if spec.options.dry_run and hook.deploy_mode == "cluster":
             raise MergeSpecInvalidError(

@@ -217,21 +217,33 @@ def test_an_unknown_aws_conn_id_fails_before_spark_submit(
     assert fake_spark_submit.calls() == []
 
 
-def test_aws_conn_id_refuses_a_detached_client_mode_submit(
+CLUSTER_CONN = json.dumps({"conn_type": "spark", "host": "spark://127.0.0.1:7077",
+                           "extra": {"deploy-mode": "cluster"}})  # fmt: skip
+
+
+@pytest.mark.parametrize("deployment", ["detached client mode", "cluster mode"])
+def test_aws_conn_id_refuses_a_submit_that_would_put_the_spec_on_the_command_line(
     tmp_path: Path,
     make_context: ContextFactory,
     fake_spark_submit: SimpleNamespace,
     spark_local: str,
     monkeypatch: pytest.MonkeyPatch,
+    deployment: str,
 ) -> None:
     monkeypatch.setattr(storage_credentials, "amazon_provider_installed", lambda: False)
     _define(monkeypatch, "lake", login=ACCESS_KEY, password=SECRET)
     monkeypatch.setattr(merge_into, "find_merge_commit", lambda *a, **k: None)
-    op = _operator(tmp_path, fake_spark_submit, target="s3://lake/orders", aws_conn_id="lake",
-                   wait_for_completion=False)  # fmt: skip
+    kwargs: dict[str, Any] = {"wait_for_completion": False}
+    found = "deploy mode 'client', wait_for_completion=False"
+    if deployment == "cluster mode":
+        monkeypatch.setenv("AIRFLOW_CONN_SPARK_CLUSTER", CLUSTER_CONN)
+        kwargs = {"conn_id": "spark_cluster"}
+        found = "deploy mode 'cluster', wait_for_completion=True"
+    op = _operator(tmp_path, fake_spark_submit, target="s3://lake/orders", aws_conn_id="lake", **kwargs)
 
     with pytest.raises(MergeArgumentError, match="command line") as caught:
         op.execute(make_context())
 
+    assert found in str(caught.value)
     assert SECRET not in str(caught.value)
     assert fake_spark_submit.calls() == []
