@@ -265,13 +265,18 @@ class MergeIntoOperator(BaseOperator):
                 )  # fmt: skip
                 return self._finish(context, spec, committed.metrics(skipped=True))
         hook = self._make_hook(spec)
-        if self.aws_conn_id is not None and (hook.deploy_mode == "cluster" or not self.wait_for_completion):
-            # Only a waiting client-mode driver reads the spec from a private file on this machine.
+        options = spec.target.storage_options or spec.source.storage_options
+        if (self.aws_conn_id is not None or options) and (
+            hook.deploy_mode == "cluster" or not self.wait_for_completion
+        ):
+            # Only a waiting client-mode driver reads the spec from a private file on this machine; any
+            # other driver would get it on spark-submit's command line, credentials included.
             raise MergeArgumentError(
-                f"aws_conn_id needs client deploy mode and wait_for_completion=True (found deploy mode "
-                f"{hook.deploy_mode!r}, wait_for_completion={self.wait_for_completion}): otherwise the "
-                "credentials would be on spark-submit's command line. Give cluster-mode or detached drivers "
-                "credentials through their environment or instance roles."
+                "storage_options and aws_conn_id need client deploy mode and wait_for_completion=True "
+                f"(found deploy mode {hook.deploy_mode!r}, wait_for_completion={self.wait_for_completion}): "
+                "otherwise the credentials would be on spark-submit's command line. Give cluster-mode or "
+                "detached drivers credentials through their environment (spark.yarn.appMasterEnv.*, "
+                "spark.kubernetes.driver.secretKeyRef.*) or instance roles, and leave storage_options empty."
             )
         if spec.options.dry_run and hook.deploy_mode == "cluster":
             raise MergeSpecInvalidError(

@@ -247,3 +247,26 @@ def test_aws_conn_id_refuses_a_submit_that_would_put_the_spec_on_the_command_lin
     assert found in str(caught.value)
     assert SECRET not in str(caught.value)
     assert fake_spark_submit.calls() == []
+
+
+@pytest.mark.parametrize("deployment", ["detached", "cluster mode"])
+def test_explicit_storage_options_are_refused_where_the_spec_would_be_on_the_command_line(
+    tmp_path: Path,
+    make_context: ContextFactory,
+    fake_spark_submit: SimpleNamespace,
+    spark_local: str,
+    monkeypatch: pytest.MonkeyPatch,
+    deployment: str,
+) -> None:
+    monkeypatch.setattr(merge_into, "find_merge_commit", lambda *a, **k: None)
+    kwargs: dict[str, Any] = {"wait_for_completion": False}
+    if deployment == "cluster mode":
+        monkeypatch.setenv("AIRFLOW_CONN_SPARK_CLUSTER", CLUSTER_CONN)
+        kwargs = {"conn_id": "spark_cluster"}
+    target = {"uri": "s3://lake/orders", "storage_options": {"AWS_SECRET_ACCESS_KEY": SECRET}}
+    op = _operator(tmp_path, fake_spark_submit, target=target, **kwargs)
+
+    with pytest.raises(MergeArgumentError, match="storage_options and aws_conn_id need client deploy mode"):
+        op.execute(make_context())
+
+    assert fake_spark_submit.calls() == []
