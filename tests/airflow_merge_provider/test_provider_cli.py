@@ -48,6 +48,10 @@ def test_airflow_providers_get_lists_every_module_kind(tmp_path: Path) -> None:
             "airflow_merge_provider.operators.merge_metrics_branch",
         ],
         "sensors": ["airflow_merge_provider.sensors.merge_commit"],
-        "hooks": ["airflow_merge_provider.hooks.merge_commit", "airflow_merge_provider.hooks.merge_into"],
+        "hooks": [
+            "airflow_merge_provider.hooks.merge_commit",
+            "airflow_merge_provider.hooks.merge_into",
+            "airflow_merge_provider.hooks.storage_credentials",
+        ],
         "triggers": ["airflow_merge_provider.triggers.merge_commit"],
     }
