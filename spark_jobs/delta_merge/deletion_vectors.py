@@ -68,6 +68,11 @@ class DeletionVector:
         )  # fmt: skip
 
 
+# Decoded vectors by (table, vector id, size), oldest first; bounded so a long-lived driver stays small.
+_DECODED: dict[tuple[str, str, int], tuple[int, ...]] = {}
+_DECODED_MAX = 4096
+
+
 def deleted_rows(
     store: ObjectStore,
     table_uri: str,
@@ -82,6 +87,22 @@ def deleted_rows(
     :raises MergeExecutionError: the vector's file is missing, or its data is corrupt.
     :raises TableStorageError: the store refused or failed the read.
     """
+    # A merge reads the same files twice (finding touched files, then rewriting them); a stored vector
+    # never changes (a new vector is a new file or offset), so it is decoded once.
+    key = (table_uri, vector.unique_id, vector.size_in_bytes)
+    cached = _DECODED.get(key)
+    if cached is not None:
+        return list(cached)
+    rows = _decode(store, table_uri, vector, storage_options)
+    if len(_DECODED) >= _DECODED_MAX:
+        _DECODED.pop(next(iter(_DECODED)))
+    _DECODED[key] = tuple(rows)
+    return rows
+
+
+def _decode(
+    store: ObjectStore, table_uri: str, vector: DeletionVector, storage_options: Mapping[str, str] | None
+) -> list[int]:
     if vector.storage_type == "i":
         data = z85_decode(vector.path_or_inline_dv)[: vector.size_in_bytes]
     elif vector.storage_type in ("u", "p"):
