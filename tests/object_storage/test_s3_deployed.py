@@ -208,3 +208,84 @@ def test_airflow_dags_test_merges_into_s3_with_credentials_from_a_connection(
     for path in [*home_dir.joinpath("logs").rglob("*"), *home_dir.glob("airflow.db*")]:
         if path.is_file():
             assert secret.encode() not in path.read_bytes(), path
+
+
+# -- the standalone cluster: executors on other JVMs read and write S3 with the spec's options ------------------
+
+
+@pytest.mark.timeout(420)
+def test_standalone_cluster_merges_into_s3_and_a_rerun_is_skipped(
+    standalone_cluster: Any, s3_server: S3Server, bucket: str, tmp_path: Path
+) -> None:
+    from tests.airflow_merge_provider.test_standalone_cluster import _event_log, _tasks_by_executor
+
+    cluster = standalone_cluster
+    options = s3_server.storage_options()
+    secret = options["AWS_SECRET_ACCESS_KEY"]
+    target, source = f"s3://{bucket}/orders", f"s3://{bucket}/incoming/2024-01-02"
+    for start in range(0, 400, 100):  # four files; the updates touch two of them
+        rows = [(i, f"v{i}") for i in range(start, start + 100)]
+        write_deltalake(target, kv(rows), mode="append", storage_options=options)
+    updates = [(i, f"u{i}") for i in range(0, 100, 10)] + [(i, f"u{i}") for i in range(300, 400, 10)]
+    inserts = [(i, f"n{i}") for i in range(400, 420)]
+    write_parquet_source(s3_server, source, kv(updates + inserts))
+    spec_file = tmp_path / "spec.json"
+    spec_file.touch(mode=0o600)
+    os.chmod(spec_file, 0o600)
+    spec: dict[str, Any] = {
+        "target": {"uri": target, "storage_options": options},
+        "source": {"uri": source, "format": "parquet", "storage_options": options},
+        "merge_sql": UPSERT,
+        "run": {"app_id": "deployed-s3-cluster", "app_version": 1},
+    }
+    events = tmp_path / "spark-events"
+    events.mkdir()
+    confs = {
+        **cluster.application_confs(wait_for_executors=2), "spark.locality.wait": "0",
+        "spark.eventLog.enabled": "true", "spark.eventLog.dir": events.as_uri(),
+        "spark.eventLog.compress": "false", "spark.eventLog.rolling.enabled": "false",
+    }  # fmt: skip
+
+    job = Submitted(spec, spec_file, master=cluster.master_url, confs=confs)
+    watch = CommandLineWatch(secret, job.process.pid)
+    try:
+        code = job.wait(timeout=300)
+    finally:
+        watch.stop()
+        if job.process.poll() is None:
+            job.kill()
+
+    assert code == 0, job.tail()
+    expected = dict([(i, f"v{i}") for i in range(400)] + updates + inserts)
+    rows = read_rows(target, columns=["id", "v"], storage_options=options)
+    assert sorted(tuple(r) for r in rows) == sorted(expected.items())
+    metrics = job.metrics()
+    assert metrics is not None, job.tail()
+    counts = {"numSourceRows": 40, "numTargetRowsUpdated": 20, "numTargetRowsInserted": 20,
+              "numTargetRowsCopied": 180, "numTargetFilesRemoved": 2, "tableVersion": 4}  # fmt: skip
+    assert {name: metrics[name] for name in counts} == counts
+    # The work ran on executors of both workers, which read and wrote S3 with the spec's options: no
+    # command line on the machine (executor JVMs and Python workers included) ever held the secret.
+    app_id, logged = _event_log(events)
+    by_worker = cluster.executors_by_worker(app_id)
+    assert [len(executors) for executors in by_worker] == [1, 1], by_worker
+    tasks = _tasks_by_executor(logged)
+    assert all(tasks[executor] > 0 for (executor,) in by_worker), (by_worker, tasks)
+    assert watch.leaks == []
+    assert secret not in "\n".join(job.lines)
+
+    # The same application again (a retried task): the app transaction on S3 says it is done.
+    for log in events.iterdir():
+        log.unlink()
+    rerun = Submitted(spec, spec_file, master=cluster.master_url, confs=confs)
+    try:
+        assert rerun.wait(timeout=300) == 0, rerun.tail()
+    finally:
+        if rerun.process.poll() is None:
+            rerun.kill()
+    again = rerun.metrics()
+    assert again is not None and again["skipped"] is True, rerun.tail()
+    assert DeltaTable(target, storage_options=options).version() == 4
+    assert sorted(tuple(r) for r in read_rows(target, columns=["id", "v"], storage_options=options)) == sorted(
+        expected.items()
+    )
