@@ -13,6 +13,7 @@ from pyspark.sql.pandas.types import from_arrow_schema
 from spark_jobs.delta_merge.arrow_scan import FILE_PATH, ROW_INDEX, ArrowScanFile, read_parquet_files
 from spark_jobs.delta_merge.arrow_store import arrow_filesystem
 from spark_jobs.delta_merge.errors import MergeAnalysisError
+from spark_jobs.delta_merge.hadoop_connectors import connector_advice
 from spark_jobs.delta_merge.log_store import storage_failure
 from spark_jobs.delta_merge.spec import SourceSpec
 
@@ -31,10 +32,9 @@ def read_object_store_files(spark: SparkSession, source: SourceSpec, fmt: str) -
     """
     assert source.uri is not None
     if fmt != "parquet":
+        scheme = source.uri.partition("://")[0]
         raise MergeAnalysisError(
-            f"Cannot read the source {source.uri} as {fmt}: Spark reads {fmt} files on object stores only "
-            f"through Hadoop's connector (S3AFileSystem), which this Spark has not. Add "
-            f"org.apache.hadoop:hadoop-aws:{_hadoop_version(spark)} with --packages (spark.jars.packages), "
+            f"Cannot read the source {source.uri} as {fmt}: {connector_advice(spark, scheme)[:-1]}, "
             "or give the source as Parquet or Delta, which the job reads without it."
         )
     if source.options:
@@ -84,11 +84,3 @@ def _parquet_paths(fs: pafs.FileSystem, base: str) -> list[str]:
 
 def _hidden(relative: str) -> bool:
     return any(part.startswith(("_", ".")) for part in relative.strip("/").split("/"))
-
-
-def _hadoop_version(spark: SparkSession) -> str:
-    """The Hadoop version Spark was built with: hadoop-aws must match it."""
-    try:
-        return str(spark.sparkContext._jvm.org.apache.hadoop.util.VersionInfo.getVersion())  # type: ignore[union-attr]
-    except Exception:
-        return "<the Hadoop version of your Spark build>"

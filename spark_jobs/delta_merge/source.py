@@ -15,6 +15,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from spark_jobs.delta_merge.arrow_scan import is_object_store
 from spark_jobs.delta_merge.errors import MergeAnalysisError, MergeExecutionError
+from spark_jobs.delta_merge.hadoop_connectors import connector_advice, missing_connector_scheme
 from spark_jobs.delta_merge.merge_sql import SOURCE_VIEW
 from spark_jobs.delta_merge.object_store_source import read_object_store_files
 from spark_jobs.delta_merge.spec import MergeOptions, SourceSpec
@@ -93,6 +94,13 @@ def read_source(spark: SparkSession, source: SourceSpec) -> SourceRead:
         try:
             return SourceRead(spark.sql(source.query), pinned_delta=False)
         except AnalysisException as exc:
+            scheme = missing_connector_scheme(exc)
+            if scheme is not None:
+                raise MergeAnalysisError(
+                    f"source.query reads a {scheme}:// path: {connector_advice(spark, scheme)} Or give the "
+                    "source as source.uri with format parquet or delta, which the job reads without a "
+                    "connector."
+                ) from exc
             raise MergeAnalysisError(
                 f"source.query does not analyze: {str(exc).splitlines()[0]}. Check the query's tables "
                 "(paths are written as parquet.`/path`) and columns."
@@ -137,6 +145,13 @@ def read_statement_source(spark: SparkSession, source: SourceRead, query: str) -
     try:
         df = spark.sql(query)
     except (AnalysisException, Py4JJavaError) as exc:
+        scheme = missing_connector_scheme(exc)
+        if scheme is not None:
+            raise MergeAnalysisError(
+                f"merge_sql: the USING query reads a {scheme}:// path: {connector_advice(spark, scheme)} "
+                "Or give that data as the spec's source (source.uri, format parquet or delta), which the job "
+                f"reads without a connector, and name it `{SOURCE_VIEW}` in the query."
+            ) from exc
         first_line = next((line for line in str(exc).splitlines() if "[" in line), str(exc))
         condition = re.search(r"\[([A-Z_.]+)\]", first_line)
         raise MergeAnalysisError(

@@ -210,7 +210,7 @@ def test_airflow_dags_test_merges_into_s3_with_credentials_from_a_connection(
             assert secret.encode() not in path.read_bytes(), path
 
 
-# -- the standalone cluster: executors on other JVMs read and write S3 with the spec's options ------------------
+# -- the standalone cluster: executors on other JVMs read and write S3 with the spec's options --------------
 
 
 @pytest.mark.timeout(420)
@@ -262,7 +262,8 @@ def test_standalone_cluster_merges_into_s3_and_a_rerun_is_skipped(
     metrics = job.metrics()
     assert metrics is not None, job.tail()
     counts = {"numSourceRows": 40, "numTargetRowsUpdated": 20, "numTargetRowsInserted": 20,
-              "numTargetRowsCopied": 180, "numTargetFilesRemoved": 2, "tableVersion": 4}  # fmt: skip
+              "numTargetRowsCopied": 180, "numTargetFilesRemoved": 2,
+              "tableVersion": 4}  # fmt: skip
     assert {name: metrics[name] for name in counts} == counts
     # The work ran on executors of both workers, which read and wrote S3 with the spec's options: no
     # command line on the machine (executor JVMs and Python workers included) ever held the secret.
@@ -284,8 +285,8 @@ def test_standalone_cluster_merges_into_s3_and_a_rerun_is_skipped(
         if rerun.process.poll() is None:
             rerun.kill()
     again = rerun.metrics()
-    assert again is not None and again["skipped"] is True, rerun.tail()
+    assert again is not None, rerun.tail()
+    assert again["skipped"] is True, rerun.tail()
     assert DeltaTable(target, storage_options=options).version() == 4
-    assert sorted(tuple(r) for r in read_rows(target, columns=["id", "v"], storage_options=options)) == sorted(
-        expected.items()
-    )
+    rows = read_rows(target, columns=["id", "v"], storage_options=options)
+    assert sorted(tuple(r) for r in rows) == sorted(expected.items())

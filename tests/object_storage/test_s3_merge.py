@@ -353,6 +353,42 @@ def test_a_csv_source_on_s3_is_refused_naming_the_connector(
 
 
 @pytest.mark.parametrize(
+    ("where", "path", "connector"),
+    [
+        ("source.query", "s3://landing/orders", "org.apache.hadoop:hadoop-aws:"),
+        ("USING query", "abfss://landing@acct.dfs.core.windows.net/t", "org.apache.hadoop:hadoop-azure:"),
+        ("USING query", "gs://landing/orders", "com.google.cloud.bigdataoss:gcs-connector:"),
+    ],
+)
+def test_spark_reading_an_object_store_path_in_a_query_is_refused_naming_the_connector(
+    spark: Any, s3_server: S3Server, bucket: str, tmp_path: Path, where: str, path: str, connector: str
+) -> None:
+    uri = f"s3://{bucket}/t"
+    options = s3_server.storage_options()
+    write_deltalake(uri, kv([(1, "a")]), storage_options=options)
+    if where == "source.query":
+        source: dict[str, Any] = {"query": f"SELECT * FROM parquet.`{path}`"}
+        sql = UPSERT
+    else:
+        local = tmp_path / "local.parquet"
+        pq.write_table(kv([(1, "A")]), local)
+        source = {"uri": str(local), "format": "parquet"}
+        both = f"SELECT * FROM parquet.`{path}` UNION ALL SELECT * FROM source"
+        sql = UPSERT.replace("USING s", f"USING ({both}) s")
+
+    with pytest.raises(MergeAnalysisError) as raised:
+        merge(spark, uri, options, source, sql)
+
+    message = str(raised.value)
+    assert message.startswith("source.query" if where == "source.query" else "merge_sql: the USING query")
+    assert f"reads a {path.partition(':')[0]}:// path" in message
+    assert connector in message
+    assert "--packages" in message
+    assert "source.uri" in message
+    assert DeltaTable(uri, storage_options=options).version() == 0
+
+
+@pytest.mark.parametrize(
     ("layout", "options", "message"),
     [
         ("empty", {}, "no Parquet file there"),
