@@ -388,15 +388,74 @@ def test_spark_reading_an_object_store_path_in_a_query_is_refused_naming_the_con
     assert DeltaTable(uri, storage_options=options).version() == 0
 
 
+def test_a_hive_partitioned_parquet_source_on_s3_reads_as_sparks_reader_reads_it(
+    spark: Any, s3_server: S3Server, bucket: str, tmp_path: Path
+) -> None:
+    from spark_jobs.delta_merge.object_store_source import read_object_store_files
+    from spark_jobs.delta_merge.spec import SourceSpec
+
+    fs = s3_server.arrow_fs()
+    local = tmp_path / "landing"
+    # Typed from the names as Spark types them: a date, an int with Hive's NULL directory, an escaped
+    # string, and a column that is also in the files (its value comes from the directory).
+    layout = {
+        "day=2024-01-01/n=1/tag=a%2Fb/v=x": [(1, "a")],
+        "day=2024-01-01/n=__HIVE_DEFAULT_PARTITION__/tag=c%3Dd/v=y": [(2, "b"), (3, "c")],
+        "day=2024-01-02/n=20/tag=plain/v=z": [(4, "d")],
+    }
+    for directory, rows in layout.items():
+        (local / directory).mkdir(parents=True)
+        for root, filesystem in ((f"{bucket}/landing", fs), (str(local), None)):
+            pq.write_table(kv(rows), f"{root}/{directory}/part-0.parquet", filesystem=filesystem)
+    fs.open_output_stream(f"{bucket}/landing/_SUCCESS").close()
+    # A file beside the partition directories, which Spark's reader leaves out.
+    for root, filesystem in ((f"{bucket}/landing", fs), (str(local), None)):
+        pq.write_table(kv([(9, "stray")]), f"{root}/part-9.parquet", filesystem=filesystem)
+
+    source = SourceSpec(uri=f"s3://{bucket}/landing", format="parquet",
+                        storage_options=s3_server.storage_options())  # fmt: skip
+    read = read_object_store_files(spark, source, "parquet")
+    expected = spark.read.parquet(str(local))
+
+    assert read.schema == expected.schema
+    assert read.schema.simpleString() == "struct<id:bigint,v:string,day:date,n:int,tag:string>"
+    assert sorted(read.collect()) == sorted(expected.collect())
+    assert sorted(tuple(r) for r in read.select("id", "n", "tag").collect()) == [
+        (1, 1, "a/b"), (2, None, "c=d"), (3, None, "c=d"), (4, 20, "plain")
+    ]
+
+
+def test_upsert_from_a_hive_partitioned_parquet_source_on_s3(
+    spark: Any, s3_server: S3Server, bucket: str, tmp_path: Path
+) -> None:
+    uri = f"s3://{bucket}/events"
+    options = s3_server.storage_options()
+    dated = pa.schema([("id", pa.int64()), ("v", pa.string()), ("day", pa.date32())])
+    write_deltalake(uri, pa.table({"id": [1, 2], "v": ["a", "b"], "day": [dt.date(2024, 1, 1)] * 2},
+                                  schema=dated), storage_options=options)  # fmt: skip
+    fs = s3_server.arrow_fs()
+    pq.write_table(kv([(2, "B")]), f"{bucket}/landing/day=2024-01-01/part-0.parquet", filesystem=fs)
+    pq.write_table(kv([(3, "c")]), f"{bucket}/landing/day=2024-01-02/part-0.parquet", filesystem=fs)
+
+    metrics = merge(spark, uri, options, {"uri": f"s3://{bucket}/landing", "format": "parquet",
+                                          "storage_options": options})  # fmt: skip
+
+    assert (metrics["numSourceRows"], metrics["numTargetRowsUpdated"], metrics["numTargetRowsInserted"]) == (
+        2, 1, 1)  # fmt: skip
+    assert table_rows(s3_server, uri, tmp_path) == [
+        (1, "a", dt.date(2024, 1, 1)), (2, "B", dt.date(2024, 1, 1)), (3, "c", dt.date(2024, 1, 2))
+    ]
+
+
 @pytest.mark.parametrize(
     ("layout", "options", "message"),
     [
         ("empty", {}, "no Parquet file there"),
-        ("hive", {}, "Hive-partitioned directory"),
+        ("conflicting", {}, "CONFLICTING_PARTITION_COLUMN_NAMES"),
         ("flat", {"mergeSchema": "true"}, "source.options ['mergeSchema']: these are Spark reader options"),
     ],
 )
-def test_parquet_sources_on_s3_the_job_cannot_read_as_spark_would_are_refused(
+def test_parquet_sources_on_s3_that_spark_would_not_read_are_refused(
     spark: Any, s3_server: S3Server, bucket: str, layout: str, options: dict[str, str], message: str
 ) -> None:
     uri = f"s3://{bucket}/t"
@@ -406,7 +465,10 @@ def test_parquet_sources_on_s3_the_job_cannot_read_as_spark_would_are_refused(
     if layout == "empty":
         s3_server.client().put_object(Bucket=bucket, Key="src/_SUCCESS", Body=b"")
     else:
-        parquet_source(s3_server, f"{source_uri}/day=1" if layout == "hive" else source_uri, kv([(1, "A")]))
+        parquet_source(s3_server, source_uri, kv([(1, "A")]))
+    if layout == "conflicting":  # sibling directories partitioned by different columns
+        parquet_source(s3_server, f"{source_uri}/day=1", kv([(2, "B")]))
+        parquet_source(s3_server, f"{source_uri}/hour=2", kv([(3, "C")]))
 
     with pytest.raises(MergeAnalysisError, match=re.escape(message)):
         merge(spark, uri, store, {"uri": source_uri, "format": "parquet", "options": options,
