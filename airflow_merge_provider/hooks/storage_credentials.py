@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 from collections.abc import Mapping
 from typing import Any
@@ -11,13 +12,17 @@ from airflow.sdk.exceptions import AirflowNotFoundException
 
 from airflow_merge_provider.errors import MergeArgumentError
 
-__all__ = ["StorageCredentialsHook", "amazon_provider_installed", "with_credentials"]
+__all__ = ["StorageCredentialsHook", "amazon_provider_installed", "secret_option_keys", "with_credentials"]
 
 # The URI schemes whose storage options take AWS credentials.
 _S3_SCHEMES = ("s3://", "s3a://")
 # Spellings deltalake and object_store take for the same option (after dropping ``AWS_``).
 _ALIASES = {"ENDPOINT": "ENDPOINT_URL", "TOKEN": "SESSION_TOKEN", "DEFAULT_REGION": "REGION"}
 _KEY_PARTS = frozenset({"ACCESS_KEY_ID", "SECRET_ACCESS_KEY", "SESSION_TOKEN"})
+# Words that make a storage option a secret: the job masks the values of such keys in its errors
+# (spark_jobs.delta_merge.log_store, which imports obstore and so is not imported here to parse DAGs;
+# a test keeps the two lists equal).
+SECRET_WORDS = ("secret", "token", "password", "sas", "signature", "credential", "account_key", "private")
 
 
 def amazon_provider_installed() -> bool:
@@ -53,14 +58,29 @@ class StorageCredentialsHook(BaseHook):
         try:
             connection = self.get_connection(self.aws_conn_id)
         except AirflowNotFoundException as error:
-            raise MergeArgumentError(
-                f"AWS connection {self.aws_conn_id!r} (aws_conn_id) is not defined. Define it, e.g. "
-                f"AIRFLOW_CONN_{self.aws_conn_id.upper()}='{{\"conn_type\": \"aws\", \"login\": "
-                '"<access key id>", "password": "<secret access key>", "extra": {"region_name": ...}}\'.'
-            ) from error
-        extra = _extras(connection)
-        if amazon_provider_installed():
-            options = self._from_amazon_provider()
+            raise self._not_defined() from error
+        extra = _extras(connection.extra_dejson)
+        amazon = self._from_amazon_provider() if amazon_provider_installed() else None
+        return self._storage_options(connection, extra, amazon)
+
+    async def astorage_options(self) -> dict[str, str]:
+        """:meth:`storage_options` for async code (a trigger's ``run``): the connection is read with the
+        task SDK's async calls, which a blocking read on the triggerer's event loop would deadlock or
+        stall, and the Amazon provider's blocking resolution (it may call STS) runs in a thread."""
+        try:
+            connection = await self.aget_connection(self.aws_conn_id)
+        except AirflowNotFoundException as error:
+            raise self._not_defined() from error
+        extra = _extras(await connection.aextra_dejson())
+        amazon = await asyncio.to_thread(self._from_amazon_provider) if amazon_provider_installed() else None
+        return self._storage_options(connection, extra, amazon)
+
+    def _storage_options(
+        self, connection: Any, extra: Mapping[str, Any], amazon: dict[str, str] | None
+    ) -> dict[str, str]:
+        """The options from the connection's fields, or from what the Amazon provider resolved."""
+        if amazon is not None:
+            options = amazon
         else:
             token, region = extra.get("aws_session_token"), extra.get("region_name")
             options = _options(connection.login, connection.password, token, region)
@@ -75,6 +95,13 @@ class StorageCredentialsHook(BaseHook):
                 "key: set its login and password (or let the Amazon provider resolve them)."
             )
         return options
+
+    def _not_defined(self) -> MergeArgumentError:
+        return MergeArgumentError(
+            f"AWS connection {self.aws_conn_id!r} (aws_conn_id) is not defined. Define it, e.g. "
+            f"AIRFLOW_CONN_{self.aws_conn_id.upper()}='{{\"conn_type\": \"aws\", \"login\": "
+            '"<access key id>", "password": "<secret access key>", "extra": {"region_name": ...}}\'.'
+        )
 
     def _from_amazon_provider(self) -> dict[str, str]:
         from airflow.providers.amazon.aws.hooks.base_aws import (  # type: ignore[import-not-found,unused-ignore]
@@ -107,6 +134,11 @@ def with_credentials(
     return {**added, **storage_options}
 
 
+def secret_option_keys(storage_options: Mapping[str, str]) -> list[str]:
+    """The keys of ``storage_options`` whose values are secrets (sorted), by the job's rule."""
+    return sorted(key for key in storage_options if any(word in key.lower() for word in SECRET_WORDS))
+
+
 def _canonical(key: str) -> str:
     name = key.upper().removeprefix("AWS_")
     return _ALIASES.get(name, name)
@@ -120,8 +152,7 @@ def _options(
     return {key: str(value) for key, value in values.items() if value}
 
 
-def _extras(connection: Any) -> dict[str, Any]:
-    extra = connection.extra_dejson
+def _extras(extra: Any) -> dict[str, Any]:
     return dict(extra) if isinstance(extra, Mapping) else {}
 
 

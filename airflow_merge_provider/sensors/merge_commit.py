@@ -12,6 +12,11 @@ from airflow.sdk.exceptions import AirflowException, AirflowSensorTimeout
 from airflow_merge_provider.assets import record_merge_event
 from airflow_merge_provider.errors import MergeArgumentError
 from airflow_merge_provider.hooks.merge_commit import MergeCommit, find_merge_commit
+from airflow_merge_provider.hooks.storage_credentials import (
+    StorageCredentialsHook,
+    secret_option_keys,
+    with_credentials,
+)
 from airflow_merge_provider.triggers.merge_commit import MergeCommitTrigger
 
 __all__ = ["MergeCommitSensor"]
@@ -28,12 +33,23 @@ class MergeCommitSensor(BaseSensorOperator):
     Works in ``poke`` and ``reschedule`` modes, and with ``deferrable=True`` through
     :class:`MergeCommitTrigger` (the triggerer polls; no worker slot is held).
 
+    For a table on S3, give the credentials as ``aws_conn_id``: they are read from the connection where
+    the log is read (the worker when poking, the triggerer when deferred) and never stored. A deferrable
+    sensor refuses secret ``storage_options`` (keys, tokens, passwords), as the trigger's row in the
+    metadata database would hold them.
+
     :param target: the Delta table's path or URI. (templated)
     :param app_id: the merge's application id, e.g. MergeIntoOperator's ``appId`` XCom. (templated)
     :param app_version: the merge's application version; an int or its text. (templated)
     :param after_version: wait for a merge commit above this table version; an int or its text.
         (templated)
-    :param storage_options: passed to deltalake.
+    :param storage_options: passed to deltalake. With ``deferrable=True`` only options without secrets
+        (endpoint, region, ``AWS_ALLOW_HTTP``, ...): the trigger's row would store them.
+    :param aws_conn_id: an Airflow connection whose AWS credentials (and extras ``region_name``,
+        ``endpoint_url``) complete ``storage_options`` for an S3 target; keys given in ``storage_options``
+        win. Read when the log is read (with the Amazon provider when it is installed, else login = access
+        key id, password = secret, extra ``aws_session_token``); a trigger carries only the id. Not
+        templated.
     :param deferrable: wait in the triggerer rather than in a worker.
     """
 
@@ -48,6 +64,7 @@ class MergeCommitSensor(BaseSensorOperator):
         app_version: int | str | None = None,
         after_version: int | str | None = None,
         storage_options: Mapping[str, str] | None = None,
+        aws_conn_id: str | None = None,
         deferrable: bool = False,
         **kwargs: Any,
     ) -> None:
@@ -61,7 +78,9 @@ class MergeCommitSensor(BaseSensorOperator):
         self.app_version = app_version
         self.after_version = after_version
         self.storage_options = dict(storage_options or {})
+        self.aws_conn_id = aws_conn_id
         self.deferrable = deferrable
+        self._refuse_secrets_for_the_trigger()
 
     def _query(self) -> dict[str, Any]:
         """The rendered fields as find_merge_commit's arguments (templated numbers arrive as text)."""
@@ -69,11 +88,30 @@ class MergeCommitSensor(BaseSensorOperator):
             "app_id": self.app_id or None,
             "app_version": _optional_int(self.app_version, "app_version"),
             "after_version": _optional_int(self.after_version, "after_version"),
-            "storage_options": self.storage_options,
         }
 
+    def _find(self) -> MergeCommit | None:
+        """One look at the log from the worker, with the connection's credentials read now."""
+        query = self._query()
+        storage_options = self.storage_options
+        if self.aws_conn_id is not None:
+            credentials = StorageCredentialsHook(aws_conn_id=self.aws_conn_id).storage_options()
+            storage_options = with_credentials(credentials, storage_options, uri=self.target)
+        return find_merge_commit(self.target, storage_options=storage_options, **query)
+
+    def _refuse_secrets_for_the_trigger(self) -> None:
+        """A deferred sensor's trigger is serialized into the metadata database: no secret may go there."""
+        secret_keys = secret_option_keys(self.storage_options) if self.deferrable else []
+        if secret_keys:
+            raise MergeArgumentError(
+                f"MergeCommitSensor: storage_options {', '.join(secret_keys)} hold secrets, which a "
+                "deferrable sensor would store in the metadata database with its trigger: pass aws_conn_id "
+                "instead (the triggerer reads the connection when it polls), or set deferrable=False. "
+                "Options without secrets (endpoint, region, allow_http) may stay in storage_options."
+            )
+
     def poke(self, context: Context) -> bool | PokeReturnValue:
-        commit = find_merge_commit(self.target, **self._query())
+        commit = self._find()
         if commit is None:
             return False
         return PokeReturnValue(is_done=True, xcom_value=self._complete(context, commit))
@@ -81,13 +119,15 @@ class MergeCommitSensor(BaseSensorOperator):
     def execute(self, context: Context) -> Any:
         if not self.deferrable:
             return super().execute(context)
-        commit = find_merge_commit(self.target, **self._query())
+        # Checked again here: deferrable or storage_options may have been changed after construction.
+        self._refuse_secrets_for_the_trigger()
+        commit = self._find()
         if commit is not None:
             return self._complete(context, commit)
         self.defer(
             trigger=MergeCommitTrigger(
-                target=self.target, poll_interval=self.poke_interval, deadline=time.time() + self.timeout,
-                **self._query(),
+                target=self.target, storage_options=self.storage_options, aws_conn_id=self.aws_conn_id,
+                poll_interval=self.poke_interval, deadline=time.time() + self.timeout, **self._query(),
             ),
             method_name="execute_complete",
         )  # fmt: skip

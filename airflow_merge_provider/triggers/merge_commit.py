@@ -10,6 +10,7 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_merge_provider.hooks.merge_commit import find_merge_commit
+from airflow_merge_provider.hooks.storage_credentials import StorageCredentialsHook, with_credentials
 
 __all__ = ["MergeCommitTrigger"]
 
@@ -22,7 +23,11 @@ class MergeCommitTrigger(BaseTrigger):
     :param app_id: wait for the commit of this application id (see ``find_merge_commit``).
     :param app_version: ... and exactly this version of it.
     :param after_version: wait for a merge commit above this table version.
-    :param storage_options: passed to deltalake.
+    :param storage_options: passed to deltalake. :meth:`serialize` stores them in the trigger's row of the
+        metadata database: give no secret here (MergeCommitSensor refuses to defer with one).
+    :param aws_conn_id: an Airflow connection whose AWS credentials (and extras ``region_name``,
+        ``endpoint_url``) complete ``storage_options`` for an S3 target; keys given in ``storage_options``
+        win. Only the id is serialized: the triggerer reads the connection when it polls.
     :param poll_interval: seconds between two reads of the log.
     :param deadline: epoch seconds after which the trigger gives up (None: never). A deadline rather than
         a duration, so a trigger restarted on another triggerer keeps the original time limit.
@@ -36,6 +41,7 @@ class MergeCommitTrigger(BaseTrigger):
         app_version: int | None = None,
         after_version: int | None = None,
         storage_options: Mapping[str, str] | None = None,
+        aws_conn_id: str | None = None,
         poll_interval: float = 30.0,
         deadline: float | None = None,
     ) -> None:
@@ -45,6 +51,7 @@ class MergeCommitTrigger(BaseTrigger):
         self.app_version = app_version
         self.after_version = after_version
         self.storage_options = dict(storage_options or {})
+        self.aws_conn_id = aws_conn_id
         self.poll_interval = poll_interval
         self.deadline = deadline
 
@@ -57,6 +64,7 @@ class MergeCommitTrigger(BaseTrigger):
                 "app_version": self.app_version,
                 "after_version": self.after_version,
                 "storage_options": self.storage_options,
+                "aws_conn_id": self.aws_conn_id,
                 "poll_interval": self.poll_interval,
                 "deadline": self.deadline,
             },
@@ -65,6 +73,7 @@ class MergeCommitTrigger(BaseTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         while True:
             try:
+                storage_options = await self._storage_options()
                 # deltalake reads block: keep them off the triggerer's event loop.
                 commit = await asyncio.to_thread(
                     find_merge_commit,
@@ -72,10 +81,10 @@ class MergeCommitTrigger(BaseTrigger):
                     app_id=self.app_id,
                     app_version=self.app_version,
                     after_version=self.after_version,
-                    storage_options=self.storage_options,
+                    storage_options=storage_options,
                 )
             except Exception as error:
-                yield _event({"status": "error", "message": f"{error}", "timed_out": False})
+                yield _event({"status": "error", "message": self._error_message(error), "timed_out": False})
                 return
             if commit is not None:
                 yield _event({"status": "success", "commit": commit.to_dict()})
@@ -88,6 +97,20 @@ class MergeCommitTrigger(BaseTrigger):
             self.log.info("No merge commit in %s yet (%s); next look in %.0fs", self.target, self._wanted(),
                           delay)  # fmt: skip
             await asyncio.sleep(delay)
+
+    async def _storage_options(self) -> dict[str, str]:
+        """``storage_options`` completed with the connection's credentials, read at each poll rather than
+        once: temporary credentials (a session token, an assumed role) can expire while the trigger waits."""
+        if self.aws_conn_id is None:
+            return self.storage_options
+        credentials = await StorageCredentialsHook(aws_conn_id=self.aws_conn_id).astorage_options()
+        return with_credentials(credentials, self.storage_options, uri=self.target)
+
+    def _error_message(self, error: Exception) -> str:
+        # The log readers' messages say to check the keys "in storage_options": say where they came from.
+        if self.aws_conn_id is None:
+            return f"{error}"
+        return f"{error} (credentials from aws_conn_id {self.aws_conn_id!r})"
 
     def _wanted(self) -> str:
         if self.app_id is None:

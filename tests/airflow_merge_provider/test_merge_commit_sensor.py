@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -123,3 +124,40 @@ def test_arguments_are_checked(tmp_path: Path, make_context: ContextFactory) -> 
     sensor.render_template_fields(context)
     with pytest.raises(MergeArgumentError, match="app_version must be an integer, found 'x'"):
         sensor.poke(context)
+
+
+def test_a_deferrable_sensor_refuses_secret_storage_options_before_deferring(
+    tmp_path: Path, make_context: ContextFactory
+) -> None:
+    secret = "sensor-secret-0c9d8e7f"
+    with pytest.raises(MergeArgumentError, match="pass aws_conn_id instead") as refused:
+        _sensor("/t", after_version=0, deferrable=True,
+                storage_options={"AWS_SECRET_ACCESS_KEY": secret, "AWS_REGION": "eu-west-1"})  # fmt: skip
+    assert "AWS_SECRET_ACCESS_KEY" in str(refused.value)
+    assert secret not in str(refused.value)
+    assert "AWS_REGION" not in str(refused.value)
+
+    # Made deferrable after construction: execute checks again, before its first look at the log.
+    table = create_table(tmp_path / "t")
+    sensor = _sensor(table, after_version=0, storage_options={"azure_storage_sas_key": secret})
+    sensor.deferrable = True
+    with pytest.raises(MergeArgumentError, match="azure_storage_sas_key") as refused:
+        sensor.execute(make_context())
+    assert secret not in str(refused.value)
+
+
+def test_a_deferred_trigger_carries_the_connection_id_and_the_options_without_secrets(
+    tmp_path: Path, make_context: ContextFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    connection = {"conn_type": "aws", "login": "AKIA1", "password": "pw"}
+    monkeypatch.setenv("AIRFLOW_CONN_LAKE", json.dumps(connection))
+    table = create_table(tmp_path / "t")
+    options = {"AWS_REGION": "eu-west-1", "AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_ALLOW_HTTP": "true"}
+    sensor = _sensor(table, after_version=0, deferrable=True, storage_options=options, aws_conn_id="lake")
+
+    with pytest.raises(TaskDeferred) as deferred:
+        sensor.execute(make_context())
+
+    trigger = deferred.value.trigger
+    assert isinstance(trigger, MergeCommitTrigger)
+    assert (trigger.aws_conn_id, trigger.storage_options) == ("lake", options)

@@ -4,6 +4,7 @@ credentials into storage options, and MergeIntoOperator carrying them to spark-s
 
 from __future__ import annotations
 
+import asyncio
 import importlib.machinery
 import json
 import sys
@@ -17,7 +18,11 @@ import pytest
 from airflow_merge_provider.errors import MergeArgumentError
 from airflow_merge_provider.hooks import storage_credentials
 from airflow_merge_provider.hooks.merge_into import MergeSubmitHook
-from airflow_merge_provider.hooks.storage_credentials import StorageCredentialsHook, with_credentials
+from airflow_merge_provider.hooks.storage_credentials import (
+    StorageCredentialsHook,
+    secret_option_keys,
+    with_credentials,
+)
 from airflow_merge_provider.operators import merge_into
 from tests.airflow_merge_provider.conftest import ContextFactory
 from tests.airflow_merge_provider.test_merge_into import JOB_METRICS, _operator
@@ -64,6 +69,34 @@ def test_an_unknown_connection_is_an_error_naming_it(monkeypatch: pytest.MonkeyP
         StorageCredentialsHook(aws_conn_id="no_such_lake").storage_options()
 
     assert "AIRFLOW_CONN_NO_SUCH_LAKE" in str(caught.value)
+
+
+def test_the_async_read_for_triggers_gives_the_same_options(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(storage_credentials, "amazon_provider_installed", lambda: False)
+    _define(monkeypatch, "lake", login=ACCESS_KEY, password=SECRET,
+            extra={"aws_session_token": TOKEN, "region_name": "eu-west-3", "endpoint_url": "http://h:9000"})
+    hook = StorageCredentialsHook(aws_conn_id="lake")
+
+    options = asyncio.run(hook.astorage_options())
+
+    assert options == hook.storage_options()
+    assert (options["AWS_SECRET_ACCESS_KEY"], options["AWS_SESSION_TOKEN"]) == (SECRET, TOKEN)
+    monkeypatch.delenv("AIRFLOW_CONN_LAKE")
+    with pytest.raises(MergeArgumentError, match="AIRFLOW_CONN_LAKE"):
+        asyncio.run(hook.astorage_options())
+
+
+def test_secret_options_are_found_by_the_words_the_job_masks() -> None:
+    # The job's list lives in a module that imports obstore; the provider keeps a copy to parse DAGs light.
+    from spark_jobs.delta_merge import log_store
+
+    assert storage_credentials.SECRET_WORDS == log_store._SECRET_WORDS
+    options = {"AWS_SECRET_ACCESS_KEY": "s", "aws_session_token": "t", "AZURE_STORAGE_SAS_KEY": "k",
+               "azure_storage_account_key": "a", "AWS_ACCESS_KEY_ID": "i", "AWS_ENDPOINT_URL": "e",
+               "AWS_REGION": "r", "AWS_ALLOW_HTTP": "true"}  # fmt: skip
+    assert secret_option_keys(options) == [
+        "AWS_SECRET_ACCESS_KEY", "AZURE_STORAGE_SAS_KEY", "aws_session_token", "azure_storage_account_key"
+    ]  # fmt: skip
 
 
 def test_a_connection_without_a_secret_is_an_error_that_does_not_quote_it(
