@@ -35,7 +35,7 @@ def arrow_filesystem(
         fs, base = pafs.FileSystem.from_uri(table_uri.rstrip("/"))
         return fs, str(base)
     kwargs: dict[str, str] = {}
-    for key, value in (storage_options or {}).items():
+    for key, value in _with_environment_endpoint(storage_options or {}).items():
         name = key.lower().removeprefix("aws_")
         if name in _S3_KEYS:
             kwargs[_S3_KEYS[name]] = value
@@ -45,3 +45,13 @@ def arrow_filesystem(
             kwargs["scheme"] = endpoint.scheme or "https"
     fs = pafs.S3FileSystem(**kwargs, allow_bucket_creation=False, allow_bucket_deletion=False)
     return fs, f"{parts.netloc}{unquote(parts.path)}"
+
+
+def _with_environment_endpoint(options: Mapping[str, str]) -> Mapping[str, str]:
+    """``options``, or with no endpoint among them, the one the environment names as the AWS SDKs (and
+    deltalake and object_store) read it: pyarrow takes keys and region from there by itself, not the
+    endpoint."""
+    if any(key.lower().removeprefix("aws_") in _ENDPOINT_KEYS for key in options):
+        return options
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    return {**options, "AWS_ENDPOINT_URL": endpoint} if endpoint else options

@@ -70,7 +70,9 @@ def log_store(table_uri: str, storage_options: Mapping[str, str] | None = None) 
         return LocalStore(prefix=root)
     config, client = _split_options(storage_options or {})
     try:
-        return from_url(table_uri.rstrip("/"), config=config, client_options=client)  # type: ignore[call-overload, no-any-return]
+        # No client options given: obstore then keeps those object_store reads from the environment
+        # (AWS_ALLOW_HTTP beside AWS_ENDPOINT_URL, as on a host configured by variables alone).
+        return from_url(table_uri.rstrip("/"), config=config, client_options=client or None)  # type: ignore[call-overload, no-any-return]
     except (StoreError, ValueError) as exc:
         raise storage_failure(table_uri, "opening the table's store", exc, storage_options) from exc
 

@@ -123,6 +123,30 @@ def test_spark_submit_merges_into_s3_with_the_keys_in_a_private_spec_file(
     assert secret not in json.dumps(metrics)
 
 
+def test_spark_submit_takes_s3_credentials_from_the_environment(
+    s3_server: S3Server, bucket: str, tmp_path: Path
+) -> None:
+    """No storage_options at all: the driver's log store and deltalake, and the executors' pyarrow reader
+    and writer, find the endpoint and keys in the standard AWS variables, as on a host with a role."""
+    options = s3_server.storage_options()
+    target, source = f"s3://{bucket}/orders", f"s3://{bucket}/incoming/2024-01-03"
+    write_deltalake(target, kv([(1, "a"), (2, "b")]), storage_options=options)
+    write_parquet_source(s3_server, source, kv([(2, "B"), (3, "c")]))
+    spec = {"target": {"uri": target}, "source": {"uri": source, "format": "parquet"}, "merge_sql": UPSERT}
+
+    job = Submitted(spec, tmp_path / "spec.json", env={**options, "AWS_EC2_METADATA_DISABLED": "true"})
+    code = job.wait(timeout=600)
+
+    assert code == 0, job.tail()
+    assert options["AWS_SECRET_ACCESS_KEY"] not in (tmp_path / "spec.json").read_text(encoding="utf-8")
+    rows = sorted(tuple(r) for r in read_rows(target, columns=["id", "v"], storage_options=options))
+    assert rows == [(1, "a"), (2, "B"), (3, "c")]
+    metrics = job.metrics()
+    assert metrics is not None, job.tail()
+    assert (metrics["numTargetRowsUpdated"], metrics["numTargetRowsInserted"], metrics["tableVersion"]) == (
+        1, 1, 1)  # fmt: skip
+
+
 # -- airflow dags test: MergeIntoOperator with aws_conn_id --------------------------------------------------
 
 S3_DAG = '''

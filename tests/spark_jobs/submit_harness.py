@@ -45,8 +45,10 @@ class Submitted:
 
     def __init__(
         self, spec: Mapping[str, Any], spec_file: Path, *, master: str = "local[1]",
-        confs: Mapping[str, str] | None = None,
+        confs: Mapping[str, str] | None = None, env: Mapping[str, str] | None = None,
     ) -> None:
+        """:param env: variables added to spark-submit's environment (and so the driver's and, in local
+        mode, the executors')."""
         assert SPARK_SUBMIT.is_file(), SPARK_SUBMIT
         spec_file.write_text(json.dumps(spec), encoding="utf-8")
         settings = {**FAST_START, **(confs or {})}
@@ -59,7 +61,8 @@ class Submitted:
         self.arrived: list[float] = []  # seconds since start, per line (to see where time goes)
         self._changed = threading.Condition()
         self.process = subprocess.Popen(
-            command, cwd=ROOT, env=submit_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            command, cwd=ROOT, env={**submit_env(), **(env or {})},
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             text=True, start_new_session=True,
         )
         self._reader = threading.Thread(target=self._read, daemon=True)
