@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from spark_jobs.delta_merge.errors import TableStorageError
+from spark_jobs.delta_merge.errors import MergeAnalysisError, TableStorageError
 from spark_jobs.delta_merge.log_store import log_store, read_commit
 from tests.azurite_server import ACCOUNT, AzuriteServer
 from tests.object_storage.table_io import kv, merge, table_rows
@@ -113,3 +113,36 @@ def test_a_wrong_account_key_fails_cleanly_and_leaves_the_table(
         assert secret not in caplog.text
     assert DeltaTable(uri, storage_options=options).version() == 0
     assert rows(azurite, uri, container, "guarded", tmp_path) == [(1, "a")]
+
+
+def test_a_delta_source_in_azure(spark: Any, azurite: AzuriteServer, container: str, tmp_path: Path) -> None:
+    uri = f"az://{container}/target"
+    options = azurite.storage_options()
+    write_deltalake(uri, kv([(1, "a"), (2, "b")]), storage_options=options)
+    source_uri = f"abfs://{container}@{ACCOUNT}.dfs.core.windows.net/changes"
+    write_deltalake(source_uri, kv([(2, "old")]), storage_options=options)
+    write_deltalake(source_uri, kv([(2, "B"), (3, "c")]), mode="overwrite", storage_options=options)
+
+    metrics = merge(spark, uri, options, {"uri": source_uri, "format": "delta", "version": 1,
+                                          "storage_options": options})  # fmt: skip
+
+    assert rows(azurite, uri, container, "target", tmp_path) == [(1, "a"), (2, "B"), (3, "c")]
+    assert metrics["numSourceRows"] == 2
+
+
+def test_a_csv_source_in_azure_is_refused_naming_what_to_give(
+    spark: Any, azurite: AzuriteServer, container: str
+) -> None:
+    uri = f"az://{container}/t"
+    options = azurite.storage_options()
+    write_deltalake(uri, kv([(1, "a")]), storage_options=options)
+    with azurite.arrow_fs().open_output_stream(f"{container}/src/data.csv") as out:
+        out.write(b"id,v\n1,A\n")
+    source = {"uri": f"az://{container}/src", "format": "csv", "options": {"header": "true"},
+              "storage_options": options}  # fmt: skip
+
+    with pytest.raises(MergeAnalysisError, match="Give the source as Parquet or Delta") as raised:
+        merge(spark, uri, options, source)
+
+    assert "hadoop-azure" in str(raised.value)
+    assert DeltaTable(uri, storage_options=options).version() == 0
