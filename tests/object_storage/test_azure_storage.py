@@ -56,6 +56,22 @@ def test_one_set_of_storage_options_reaches_the_table_from_deltalake_obstore_and
     assert load_snapshot(uri, storage_options=options).version == 0
 
 
+def test_the_emulator_flag_reaches_azurite_through_its_environment_variable(
+    azurite: AzuriteServer, container: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # object_store's use_emulator takes the emulator's address from AZURITE_BLOB_STORAGE_URL (never from an
+    # endpoint option), and its account and key by default; pyarrow's file system must follow it there.
+    monkeypatch.setenv("AZURITE_BLOB_STORAGE_URL", f"http://{azurite.host}:{azurite.port}")
+    uri = f"az://{container}/emulated"
+    options = {"azure_storage_use_emulator": "true"}
+    write_deltalake(uri, pa.table({"id": [7]}), storage_options=options)
+
+    fs, base = arrow_filesystem(uri, options)
+    (add,) = [a["add"] for a in read_commit(log_store(uri, options), 0) or [] if "add" in a]
+
+    assert pq.read_table(f"{base}/{add['path']}", filesystem=fs)["id"].to_pylist() == [7]
+
+
 def test_put_if_absent_is_conditional_on_azurite(azurite: AzuriteServer, container: str) -> None:
     uri = f"az://{container}/raw"
     store = log_store(uri, azurite.storage_options())
