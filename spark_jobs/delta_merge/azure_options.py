@@ -111,7 +111,9 @@ def azure_filesystem_arguments(table_uri: str, storage_options: Mapping[str, str
         if meaning in value_of:
             kwargs[meaning] = value_of[meaning]
     if "sas_token" in value_of:
-        kwargs["sas_token"] = value_of["sas_token"].lstrip("?")
+        # pyarrow appends the token to its URLs as given: without the leading "?" it lands in the path
+        # (apache/arrow#49972). object_store takes the token with or without it.
+        kwargs["sas_token"] = "?" + value_of["sas_token"].lstrip("?")
     if endpoint:
         kwargs.update(_azure_authorities(table_uri, endpoint, account, given.get("endpoint", ("", ""))[0]))
     return kwargs

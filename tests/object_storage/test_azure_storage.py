@@ -19,7 +19,14 @@ from spark_jobs.delta_merge.arrow_store import arrow_file_path, arrow_filesystem
 from spark_jobs.delta_merge.azure_options import azure_filesystem_arguments
 from spark_jobs.delta_merge.delta_log import read_commit_actions
 from spark_jobs.delta_merge.errors import MergeSpecError, TableStorageError
-from spark_jobs.delta_merge.log_store import log_store, read_commit, redacted, write_commit
+from spark_jobs.delta_merge.log_store import (
+    commit_path,
+    log_store,
+    read_commit,
+    redacted,
+    storage_errors,
+    write_commit,
+)
 from spark_jobs.delta_merge.snapshot import load_snapshot
 from tests.azurite_server import ACCOUNT, ACCOUNT_KEY, AzuriteServer
 
@@ -101,6 +108,35 @@ def test_put_if_absent_is_conditional_on_azurite(azurite: AzuriteServer, contain
         assert read_commit(store, version) == [{"commitInfo": {"writer": won[0]}}]
 
 
+def test_a_sas_token_reaches_the_table_and_a_read_only_one_cannot_commit(
+    azurite: AzuriteServer, container: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    uri = f"az://{container}/shared"
+    options = azurite.sas_storage_options("racwdl")
+    write_deltalake(uri, pa.table({"id": [1]}), storage_options=options)
+    fs, base = arrow_filesystem(uri, options)
+    (add,) = [a["add"] for a in read_commit(log_store(uri, options), 0) or [] if "add" in a]
+    assert pq.read_table(f"{base}/{add['path']}", filesystem=fs)["id"].to_pylist() == [1]
+
+    read_only = azurite.sas_storage_options("rl")
+    assert load_snapshot(uri, storage_options=read_only).version == 0
+    store = log_store(uri, read_only)
+    with (
+        caplog.at_level(logging.DEBUG),
+        pytest.raises(TableStorageError) as raised,
+        storage_errors(uri, f"writing {commit_path(1)}", read_only),
+    ):
+        write_commit(store, 1, [{"commitInfo": {}}])
+
+    assert f"Writing {commit_path(1)} of table {uri} failed" in str(raised.value)
+    signature = read_only["azure_storage_sas_token"].rsplit("sig=", 1)[1]
+    text = "".join(traceback.format_exception(raised.value)) + caplog.text
+    assert signature not in str(raised.value)
+    assert signature not in caplog.text
+    assert text.count("sig=") == text.count("sig=***")
+    assert DeltaTable(uri, storage_options=options).version() == 0
+
+
 def test_a_wrong_account_key_fails_the_log_readers_clearly(
     azurite: AzuriteServer, container: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -133,13 +169,13 @@ def test_azure_options_become_pyarrow_arguments() -> None:
         "blob_storage_authority": "127.0.0.1:10001", "dfs_storage_authority": "127.0.0.1:10001",
         "blob_storage_scheme": "http", "dfs_storage_scheme": "http",
     }  # fmt: skip
-    # The account from an abfss URI, a SAS token (without its "?"), the account's own endpoint.
+    # The account from an abfss URI, a SAS token (given a "?" if it has none), the account's own endpoint.
     own = azure_filesystem_arguments(
         "abfss://c@prod.dfs.core.windows.net/t",
-        {"azure_storage_sas_token": "?sv=2024&sig=abc", "endpoint": "https://prod.blob.core.windows.net"},
+        {"azure_storage_sas_token": "sv=2024&sig=abc", "endpoint": "https://prod.blob.core.windows.net"},
     )
     assert own == {
-        "account_name": "prod", "sas_token": "sv=2024&sig=abc",
+        "account_name": "prod", "sas_token": "?sv=2024&sig=abc",
         "blob_storage_authority": ".blob.core.windows.net", "dfs_storage_authority": ".dfs.core.windows.net",
         "blob_storage_scheme": "https", "dfs_storage_scheme": "https",
     }  # fmt: skip
