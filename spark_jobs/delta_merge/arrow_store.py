@@ -28,6 +28,7 @@ _S3_KEYS = {
 }
 _ENDPOINT_KEYS = ("endpoint", "endpoint_url")
 
+
 def arrow_filesystem(
     table_uri: str, storage_options: Mapping[str, str] | None = None
 ) -> tuple[pafs.FileSystem, str]:

@@ -58,8 +58,8 @@ _SECRET_WORDS = (
     "encryption_key",
 )  # fmt: skip
 _SECRET_SUFFIXES = ("access_key",)
-# A SAS token's signature as any URL carries it (object_store puts the token's pairs in request URLs,
-# re-encoded, so the option's value may not appear verbatim).
+# A SAS token's signature wherever a request URL shows it: object_store redacts its URLs, but pyarrow's
+# Azure errors may quote them, with the token re-encoded, so the option's value may not appear verbatim.
 _SAS_SIGNATURE = re.compile(r"(?i)\b(sig=)[^&\s\"'<>]+")
 
 
