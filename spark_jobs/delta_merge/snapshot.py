@@ -17,6 +17,7 @@ from deltalake.exceptions import DeltaError, TableNotFoundError
 from deltalake.table import ProtocolVersions
 from pyspark.sql.types import StructType
 
+from spark_jobs.delta_merge.azure_options import check_azure_options
 from spark_jobs.delta_merge.column_mapping import mapping_mode, partition_keys
 from spark_jobs.delta_merge.delta_log import LogState, replay_log
 from spark_jobs.delta_merge.delta_schema import spark_schema_from_delta
@@ -178,6 +179,8 @@ def _open_table(uri: str, options: dict[str, str] | None, version: int | None) -
                 error_class="DELTA_MISSING_DELTA_TABLE",
             )
         uri = os.path.abspath(local) if not urlsplit(uri).scheme else uri
+    # Before deltalake: options the executors' pyarrow cannot use alike are refused, not found out later.
+    check_azure_options(uri, options)
     try:
         return deltalake.DeltaTable(uri, version=version, storage_options=options)
     except TableNotFoundError as exc:

@@ -84,8 +84,9 @@ class SourceSpec:
     :param format: ``delta``, ``parquet``, ``csv``, ``json`` or ``orc`` (None: parquet).
     :param version: for ``format="delta"``, the table version to read (None: the latest).
     :param storage_options: how to reach a source on an object store, as deltalake takes them
-        (``AWS_ENDPOINT_URL``, keys, region, ``AWS_ALLOW_HTTP``). A Delta source also takes them from
-        ``options``, where they were given before this field existed.
+        (``AWS_ENDPOINT_URL``, keys, region, ``AWS_ALLOW_HTTP``; on Azure ``azure_storage_account_name``
+        with ``azure_storage_account_key`` or ``azure_storage_sas_token``). A Delta source also takes them
+        from ``options``, where they were given before this field existed.
     """
 
     uri: str | None = None

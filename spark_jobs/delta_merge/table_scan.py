@@ -17,6 +17,7 @@ from spark_jobs.delta_merge.arrow_scan import (
     is_object_store,
     read_parquet_files,
 )
+from spark_jobs.delta_merge.arrow_store import arrow_file_path
 from spark_jobs.delta_merge.column_mapping import (
     logical_column,
     mapping_mode,
@@ -133,8 +134,7 @@ def _read_live_rows_with_arrow(
             deleted = deleted_rows(
                 store, snapshot.table_uri, f.deletion_vector, storage_options=snapshot.storage_options
             )
-        # The file system's path of a file is its URI without the scheme (bucket/key on S3).
-        path = file_uri(snapshot, f).split("://", 1)[1]
+        path = arrow_file_path(file_uri(snapshot, f))
         scan.append(ArrowScanFile(path=path, key=file_key(snapshot, f), deleted_rows=deleted))
     df = read_parquet_files(spark, snapshot.table_uri, scan, data_schema, storage_options=options)
     df = df.withColumnRenamed(ROW_INDEX, _ROW_INDEX).withColumnRenamed(FILE_PATH, FILE_KEY_COLUMN)

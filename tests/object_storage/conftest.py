@@ -1,4 +1,5 @@
-"""Fixtures for tables in object storage: one moto S3 server per test session, a fresh bucket per test."""
+"""Fixtures for tables in object storage: one moto S3 server and one Azurite per test session (each started
+on first use), a fresh bucket or container per test."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.azurite_server import AzuriteServer, start_azurite
 from tests.s3_server import S3Server, start_s3_server
 
 
@@ -23,4 +25,20 @@ def bucket(s3_server: S3Server) -> str:
     """A new, empty bucket (tests never share tables)."""
     name = f"tables-{uuid.uuid4().hex[:12]}"
     s3_server.client().create_bucket(Bucket=name)
+    return name
+
+
+@pytest.fixture(scope="session")
+def azurite() -> Iterator[AzuriteServer]:
+    """A real Azure Blob Storage API (Azurite) on 127.0.0.1 that checks shared-key signatures."""
+    server = start_azurite()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def container(azurite: AzuriteServer) -> str:
+    """A new, empty container (tests never share tables)."""
+    name = f"tables-{uuid.uuid4().hex[:12]}"
+    azurite.create_container(name)
     return name

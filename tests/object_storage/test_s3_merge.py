@@ -9,13 +9,12 @@ import datetime as dt
 import json
 import logging
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, write_deltalake
@@ -28,25 +27,17 @@ from spark_jobs.delta_merge.files import LiveFile
 from spark_jobs.delta_merge.row_tracking import row_tracking
 from spark_jobs.delta_merge.snapshot import load_snapshot
 from spark_jobs.delta_merge.table_scan import FILE_KEY_COLUMN, file_key, scan_files
-from tests.delta_reader import read_rows, read_rows_with_kernel
 from tests.object_storage.s3_tables import upload_directory
+from tests.object_storage.table_io import UPSERT, kv, merge
+from tests.object_storage.table_io import download as shared_download
+from tests.object_storage.table_io import table_rows as shared_table_rows
 from tests.s3_server import S3Key, S3Server
 from tests.spark_jobs.deletion_vector_fixture import add_deletion_vectors
-from tests.spark_jobs.scenario_harness import multiset
 from tests.spark_jobs.table_feature_fixtures import enable_features
 from tests.spark_jobs.test_pipeline import make_target
 from tests.spark_jobs.test_row_tracking import stable_ids
 
 pytestmark = pytest.mark.spark
-
-UPSERT = """MERGE INTO t USING s ON t.id = s.id
-WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *"""
-KV = pa.schema([("id", pa.int64()), ("v", pa.string())])
-
-
-def kv(rows: Sequence[tuple[Any, ...]], schema: pa.Schema = KV) -> pa.Table:
-    return pa.Table.from_pylist([dict(zip(schema.names, r, strict=True)) for r in rows], schema=schema)
-
 
 def parquet_source(server: S3Server, uri: str, table: pa.Table) -> dict[str, Any]:
     """A Parquet source directory on S3 (one file, and a ``_SUCCESS`` marker Spark's reader skips)."""
@@ -58,27 +49,9 @@ def parquet_source(server: S3Server, uri: str, table: pa.Table) -> dict[str, Any
     return {"uri": uri, "format": "parquet", "storage_options": server.storage_options()}
 
 
-def merge(
-    spark: Any, uri: str, options: Mapping[str, str], source: Mapping[str, Any], sql: str = UPSERT,
-    run: Mapping[str, Any] | None = None, **merge_options: Any,
-) -> dict[str, Any]:
-    spec = {"target": {"uri": uri, "storage_options": dict(options)}, "source": dict(source),
-            "merge_sql": sql, "options": merge_options, **({"run": run} if run else {})}  # fmt: skip
-    metrics: dict[str, Any] = run_merge(spark, spec).to_dict()
-    return metrics
-
-
 def download(server: S3Server, uri: str, local: Path) -> Path:
     """A copy of the table on local disk, object by object."""
-    fs = server.arrow_fs()
-    base = uri.removeprefix("s3://")
-    for info in fs.get_file_info(pafs.FileSelector(base, recursive=True)):
-        if info.type == pafs.FileType.File:
-            path = local / info.path.removeprefix(base).lstrip("/")
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with fs.open_input_stream(info.path) as stream:
-                path.write_bytes(stream.read())
-    return local
+    return shared_download(server.arrow_fs(), uri.removeprefix("s3://"), local)
 
 
 def table_rows(
@@ -86,14 +59,8 @@ def table_rows(
 ) -> list[tuple[Any, ...]]:
     """Live rows through deltalake on S3, sorted; DuckDB's delta-kernel reader must read the same from a
     downloaded copy (``kernel_columns``: the columns it is compared on)."""
-    options = server.storage_options()
-    names = [f.name for f in DeltaTable(uri, storage_options=options).schema().fields]
-    rows = [tuple(r) for r in read_rows(uri, columns=names, storage_options=options)]
-    copy = download(server, uri, tmp_path / f"copy-{len(list(tmp_path.iterdir()))}")
-    compared = list(kernel_columns or names)
-    kernel = read_rows_with_kernel(copy, columns=compared)
-    assert multiset(kernel) == multiset([[r[names.index(n)] for n in compared] for r in rows])
-    return sorted(rows, key=repr)
+    return shared_table_rows(uri, server.storage_options(), server.arrow_fs(), uri.removeprefix("s3://"),
+                             tmp_path, kernel_columns=kernel_columns)  # fmt: skip
 
 
 def commit(server: S3Server, bucket: str, table: str, version: int) -> list[dict[str, Any]]:
