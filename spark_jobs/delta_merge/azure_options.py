@@ -71,6 +71,13 @@ def azure_filesystem_arguments(table_uri: str, storage_options: Mapping[str, str
             )
         if bare in _AZURE_KEYS and value is not None and str(value) != "":
             given[_AZURE_KEYS[bare]] = (key, str(value))
+    for key, value in os.environ.items():
+        # What storage_options leave unsaid, deltalake and obstore read from AZURE_* variables; so does
+        # pyarrow here. A credential the environment holds for Azure's default chain instead (e.g. a
+        # federated token file) is left to that chain, not refused.
+        bare = key.lower().removeprefix("azure_storage_").removeprefix("azure_")
+        if key.upper().startswith("AZURE_") and bare in _AZURE_KEYS and value:
+            given.setdefault(_AZURE_KEYS[bare], (key, value))
     value_of = {meaning: value for meaning, (_, value) in given.items()}
     parts = urlsplit(table_uri)
     host = parts.hostname or ""

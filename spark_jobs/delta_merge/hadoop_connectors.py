@@ -29,6 +29,8 @@ _CONNECTORS = {
         "com.google.cloud.hadoop.fs.gcs.GoogleHadoopFileSystem",
     ),
 }
+# Object-store schemes Hadoop has no file system for under that name: what it calls the same store.
+_HADOOP_NAMES = {"az": "abfss", "azure": "abfss", "gcs": "gs"}
 _CLASS_SCHEMES = {cls.rsplit(".", 1)[-1]: scheme for scheme, (_, cls) in _CONNECTORS.items()}
 _NO_FILESYSTEM = re.compile(r'No FileSystem for scheme "?([A-Za-z0-9+.-]+)"?')
 _CLASS_NOT_FOUND = re.compile(r"ClassNotFoundException: Class ([\w.$]+) not found")
@@ -42,7 +44,7 @@ def missing_connector_scheme(error: BaseException) -> str | None:
     """
     text = "\n".join(filter(None, (str(error), getattr(error, "_stackTrace", None) or "")))
     for match in _NO_FILESYSTEM.finditer(text):
-        if match.group(1).lower() in _CONNECTORS:
+        if match.group(1).lower() in _CONNECTORS or match.group(1).lower() in _HADOOP_NAMES:
             return match.group(1).lower()
     for match in _CLASS_NOT_FOUND.finditer(text):
         scheme = _CLASS_SCHEMES.get(match.group(1).rsplit(".", 1)[-1])
@@ -54,7 +56,15 @@ def missing_connector_scheme(error: BaseException) -> str | None:
 def connector_advice(spark: SparkSession, scheme: str) -> str:
     """What to add so that Spark's readers can read ``scheme://`` paths, e.g. ``Add
     org.apache.hadoop:hadoop-aws:3.4.1 with --packages (spark.jars.packages) ...``."""
-    artifact, filesystem = _CONNECTORS.get(scheme.lower(), _CONNECTORS["s3a"])
+    scheme = scheme.lower()
+    if scheme in _HADOOP_NAMES:
+        hadoop_scheme = _HADOOP_NAMES[scheme]
+        artifact = _CONNECTORS[hadoop_scheme][0]
+        return (
+            f"Spark's readers know no {scheme}:// file system: Hadoop names that store {hadoop_scheme}:// "
+            f"and reads it through {artifact} ({connector_advice(spark, hadoop_scheme)})"
+        )
+    artifact, filesystem = _CONNECTORS.get(scheme, _CONNECTORS["s3a"])
     version = (
         _hadoop_version(spark) if artifact.startswith("org.apache.hadoop") else "<a release for Hadoop 3>"
     )
@@ -62,8 +72,8 @@ def connector_advice(spark: SparkSession, scheme: str) -> str:
         f"Spark reads {scheme}:// paths only through a Hadoop connector ({filesystem.rsplit('.', 1)[-1]}), "
         f"which this Spark has not. Add {artifact}:{version} with --packages (spark.jars.packages)"
     )
-    if scheme.lower() in ("s3", "s3n"):
-        advice += f" and set spark.hadoop.fs.{scheme.lower()}.impl={filesystem}"
+    if scheme in ("s3", "s3n"):
+        advice += f" and set spark.hadoop.fs.{scheme}.impl={filesystem}"
     return advice + "."
 
 

@@ -1,5 +1,5 @@
-"""A file source on an object store, read without a Hadoop connector: Parquet (Hive-partitioned directories
-included) through pyarrow in Spark tasks; other formats refused with what to install."""
+"""A Parquet source on an object store, read without a Hadoop connector: files (Hive-partitioned directories
+included) through pyarrow in Spark tasks. Other formats go to Spark's readers and the user's connector."""
 
 from __future__ import annotations
 
@@ -20,19 +20,17 @@ from pyspark.sql.types import StringType, StructField, StructType
 
 from spark_jobs.delta_merge.arrow_scan import FILE_PATH, ROW_INDEX, ArrowScanFile, read_parquet_files
 from spark_jobs.delta_merge.arrow_store import arrow_filesystem
-from spark_jobs.delta_merge.azure_options import AZURE_SCHEMES
 from spark_jobs.delta_merge.errors import MergeAnalysisError
-from spark_jobs.delta_merge.hadoop_connectors import connector_advice
 from spark_jobs.delta_merge.log_store import storage_failure
 from spark_jobs.delta_merge.spec import SourceSpec
 
-__all__ = ["read_object_store_files"]
+__all__ = ["read_object_store_parquet"]
 
 # The directory name Hive and Spark give a NULL partition value.
 _HIVE_DEFAULT_PARTITION = "__HIVE_DEFAULT_PARTITION__"
 
 
-def read_object_store_files(spark: SparkSession, source: SourceSpec, fmt: str) -> DataFrame:
+def read_object_store_parquet(spark: SparkSession, source: SourceSpec) -> DataFrame:
     """The rows of the Parquet file or directory ``source.uri`` names on an object store.
 
     The schema is the first file's, as Spark's reader takes it without ``mergeSchema``; files and
@@ -41,25 +39,11 @@ def read_object_store_files(spark: SparkSession, source: SourceSpec, fmt: str) -
     A Hive-partitioned directory (``day=2024-01-01/part-0.parquet``) gains its partition columns, typed
     and valued as Spark's reader would.
 
-    :raises MergeAnalysisError: the format is not Parquet (Spark would need the Hadoop connector), Spark
-        reader options are given, the path holds no Parquet file, or its directories are not a partition
-        layout Spark reads.
+    :raises MergeAnalysisError: Spark reader options are given, the path holds no Parquet file, or its
+        directories are not a partition layout Spark reads.
     :raises TableStorageError: the store refused or failed the listing (secrets masked).
     """
     assert source.uri is not None
-    if fmt != "parquet" and source.uri.partition("://")[0].lower() in AZURE_SCHEMES:
-        raise MergeAnalysisError(
-            f"Cannot read the source {source.uri} as {fmt}: Spark reads {fmt} files in Azure Blob Storage "
-            "only through Hadoop's Azure connector (hadoop-azure), and the job reads sources on object "
-            "stores without Spark's readers. Give the source as Parquet or Delta, which the job reads with "
-            "pyarrow, or copy it to a path Spark reads (HDFS or local)."
-        )
-    if fmt != "parquet":
-        scheme = source.uri.partition("://")[0]
-        raise MergeAnalysisError(
-            f"Cannot read the source {source.uri} as {fmt}: {connector_advice(spark, scheme)[:-1]}, "
-            "or give the source as Parquet or Delta, which the job reads without it."
-        )
     if source.options:
         raise MergeAnalysisError(
             f"source.options {sorted(source.options)}: these are Spark reader options, and a Parquet source "

@@ -17,7 +17,7 @@ from spark_jobs.delta_merge.arrow_scan import is_object_store
 from spark_jobs.delta_merge.errors import MergeAnalysisError, MergeExecutionError
 from spark_jobs.delta_merge.hadoop_connectors import connector_advice, missing_connector_scheme
 from spark_jobs.delta_merge.merge_sql import SOURCE_VIEW
-from spark_jobs.delta_merge.object_store_source import read_object_store_files
+from spark_jobs.delta_merge.object_store_source import read_object_store_parquet
 from spark_jobs.delta_merge.spec import MergeOptions, SourceSpec
 
 __all__ = [
@@ -122,12 +122,20 @@ def read_source(spark: SparkSession, source: SourceSpec) -> SourceRead:
         raise MergeAnalysisError(
             f"source.format: expected one of delta, {', '.join(_FILE_FORMATS)}; found {source.format!r}."
         )
-    if is_object_store(source.uri):
-        return SourceRead(read_object_store_files(spark, source, fmt), pinned_delta=False)
+    if is_object_store(source.uri) and fmt == "parquet":
+        return SourceRead(read_object_store_parquet(spark, source), pinned_delta=False)
     try:
+        # Other formats on an object store need the user's Hadoop connector (configured through Spark's
+        # conf, not storage_options): with it they read as anywhere else.
         df = spark.read.format(fmt).options(**source.options).load(source.uri)
         return SourceRead(df, pinned_delta=False)
     except (AnalysisException, Py4JJavaError) as exc:
+        scheme = missing_connector_scheme(exc)
+        if scheme is not None:
+            raise MergeAnalysisError(
+                f"Cannot read the source {source.uri} as {fmt}: {connector_advice(spark, scheme)} Or give "
+                "the source as Parquet or Delta, which the job reads without a connector."
+            ) from exc
         # Schema inference reads the files: a file of another format fails there (FAILED_READ_FILE).
         raise MergeAnalysisError(
             f"Cannot read the source {source.uri} as {fmt}: {str(exc).splitlines()[0]}. Check that the path "

@@ -141,7 +141,7 @@ def test_a_csv_source_in_azure_is_refused_naming_what_to_give(
     source = {"uri": f"az://{container}/src", "format": "csv", "options": {"header": "true"},
               "storage_options": options}  # fmt: skip
 
-    with pytest.raises(MergeAnalysisError, match="Give the source as Parquet or Delta") as raised:
+    with pytest.raises(MergeAnalysisError, match="give the source as Parquet or Delta") as raised:
         merge(spark, uri, options, source)
 
     assert "hadoop-azure" in str(raised.value)

@@ -79,6 +79,26 @@ def test_the_emulator_flag_reaches_azurite_through_its_environment_variable(
     assert pq.read_table(f"{base}/{add['path']}", filesystem=fs)["id"].to_pylist() == [7]
 
 
+def test_the_environment_alone_reaches_the_table_from_deltalake_obstore_and_pyarrow(
+    azurite: AzuriteServer, container: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A worker configured by AZURE_* variables (as for deltalake and object_store), no storage_options.
+    for key, value in azurite.storage_options().items():
+        monkeypatch.setenv(key.upper(), value)
+    uri = f"az://{container}/from-env"
+    write_deltalake(uri, pa.table({"id": [5]}))
+
+    fs, base = arrow_filesystem(uri, {})
+    (add,) = [a["add"] for a in read_commit(log_store(uri, {}), 0) or [] if "add" in a]
+
+    assert pq.read_table(f"{base}/{add['path']}", filesystem=fs)["id"].to_pylist() == [5]
+    assert azure_filesystem_arguments(uri, {})["account_name"] == ACCOUNT
+    # An option given explicitly still wins over the environment's.
+    monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_KEY", WRONG_KEY)
+    fs, base = arrow_filesystem(uri, {"azure_storage_account_key": ACCOUNT_KEY})
+    assert pq.read_table(f"{base}/{add['path']}", filesystem=fs)["id"].to_pylist() == [5]
+
+
 def test_put_if_absent_is_conditional_on_azurite(azurite: AzuriteServer, container: str) -> None:
     uri = f"az://{container}/raw"
     store = log_store(uri, azurite.storage_options())

@@ -358,7 +358,7 @@ def test_spark_reading_an_object_store_path_in_a_query_is_refused_naming_the_con
 def test_a_hive_partitioned_parquet_source_on_s3_reads_as_sparks_reader_reads_it(
     spark: Any, s3_server: S3Server, bucket: str, tmp_path: Path
 ) -> None:
-    from spark_jobs.delta_merge.object_store_source import read_object_store_files
+    from spark_jobs.delta_merge.object_store_source import read_object_store_parquet
     from spark_jobs.delta_merge.spec import SourceSpec
 
     fs = s3_server.arrow_fs()
@@ -381,7 +381,7 @@ def test_a_hive_partitioned_parquet_source_on_s3_reads_as_sparks_reader_reads_it
 
     source = SourceSpec(uri=f"s3://{bucket}/landing", format="parquet",
                         storage_options=s3_server.storage_options())  # fmt: skip
-    read = read_object_store_files(spark, source, "parquet")
+    read = read_object_store_parquet(spark, source)
     expected = spark.read.parquet(str(local))
 
     assert read.schema == expected.schema
