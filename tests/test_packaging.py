@@ -76,6 +76,7 @@ def test_pyproject_dependencies_and_dev_extra(pyproject: dict[str, Any]) -> None
         "pyspark-client",
         "deltalake",
         "pyarrow",
+        "pandas",
         "pendulum",
         "sqlglot",
         "obstore",
