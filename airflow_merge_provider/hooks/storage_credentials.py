@@ -11,6 +11,7 @@ from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
 
 from airflow_merge_provider.errors import MergeArgumentError
+from spark_jobs.delta_merge.contract import is_secret_option
 
 __all__ = ["StorageCredentialsHook", "amazon_provider_installed", "secret_option_keys", "with_credentials"]
 
@@ -19,10 +20,6 @@ _S3_SCHEMES = ("s3://", "s3a://")
 # Spellings deltalake and object_store take for the same option (after dropping ``AWS_``).
 _ALIASES = {"ENDPOINT": "ENDPOINT_URL", "TOKEN": "SESSION_TOKEN", "DEFAULT_REGION": "REGION"}
 _KEY_PARTS = frozenset({"ACCESS_KEY_ID", "SECRET_ACCESS_KEY", "SESSION_TOKEN"})
-# Words that make a storage option a secret: the job masks the values of such keys in its errors
-# (spark_jobs.delta_merge.log_store, which imports obstore and so is not imported here to parse DAGs;
-# a test keeps the two lists equal).
-SECRET_WORDS = ("secret", "token", "password", "sas", "signature", "credential", "account_key", "private")
 
 
 def amazon_provider_installed() -> bool:
@@ -136,7 +133,7 @@ def with_credentials(
 
 def secret_option_keys(storage_options: Mapping[str, str]) -> list[str]:
     """The keys of ``storage_options`` whose values are secrets (sorted), by the job's rule."""
-    return sorted(key for key in storage_options if any(word in key.lower() for word in SECRET_WORDS))
+    return sorted(key for key in storage_options if is_secret_option(key))
 
 
 def _canonical(key: str) -> str:

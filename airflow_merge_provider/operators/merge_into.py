@@ -265,18 +265,24 @@ class MergeIntoOperator(BaseOperator):
                 )  # fmt: skip
                 return self._finish(context, spec, committed.metrics(skipped=True))
         hook = self._make_hook(spec)
-        options = spec.target.storage_options or spec.source.storage_options
-        if (self.aws_conn_id is not None or options) and (
+        from airflow_merge_provider.hooks.storage_credentials import secret_option_keys
+
+        secret_keys = sorted({*secret_option_keys(spec.target.storage_options),
+                              *secret_option_keys(spec.source.storage_options)})  # fmt: skip
+        if (self.aws_conn_id is not None or secret_keys) and (
             hook.deploy_mode == "cluster" or not self.wait_for_completion
         ):
             # Only a waiting client-mode driver reads the spec from a private file on this machine; any
-            # other driver would get it on spark-submit's command line, credentials included.
+            # other driver would get it on spark-submit's command line, credentials included. Options
+            # without secrets (endpoint, region) may travel there.
+            given = f"storage_options {secret_keys}" if secret_keys else "aws_conn_id"
             raise MergeArgumentError(
-                "storage_options and aws_conn_id need client deploy mode and wait_for_completion=True "
-                f"(found deploy mode {hook.deploy_mode!r}, wait_for_completion={self.wait_for_completion}): "
-                "otherwise the credentials would be on spark-submit's command line. Give cluster-mode or "
-                "detached drivers credentials through their environment (spark.yarn.appMasterEnv.*, "
-                "spark.kubernetes.driver.secretKeyRef.*) or instance roles, and leave storage_options empty."
+                f"{given}: credentials in storage_options and aws_conn_id need client deploy mode and "
+                f"wait_for_completion=True (found deploy mode {hook.deploy_mode!r}, "
+                f"wait_for_completion={self.wait_for_completion}): otherwise they would be on spark-submit's "
+                "command line. Give cluster-mode or detached drivers credentials through their environment "
+                "(spark.yarn.appMasterEnv.*, spark.kubernetes.driver.secretKeyRef.*) or instance roles, and "
+                "keep only options without secrets (endpoint, region) in storage_options."
             )
         if spec.options.dry_run and hook.deploy_mode == "cluster":
             raise MergeSpecInvalidError(

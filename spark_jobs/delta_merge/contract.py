@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from spark_jobs.delta_merge.errors import DETERMINISTIC_ERRORS, MergeJobError, MergeSpecError
 from spark_jobs.delta_merge.expectations import failed_expectations
 from spark_jobs.delta_merge.metrics import DELTA_METRIC_NAMES, MergeMetrics
+from spark_jobs.delta_merge.spec import is_secret_option
 
 if TYPE_CHECKING:
     from spark_jobs.delta_merge.spec import MergeSpec
@@ -38,6 +39,7 @@ __all__ = [
     "find_app_transaction_commit",
     "first_merge_commit_after",
     "is_deterministic",
+    "is_secret_option",
     "metrics_line",
     "parse_failure_line",
     "parse_metrics_line",

@@ -22,6 +22,7 @@ from obstore.store import LocalStore, ObjectStore, from_url
 
 from spark_jobs.delta_merge.azure_options import AZURE_SCHEMES, check_azure_options
 from spark_jobs.delta_merge.errors import TableStorageError
+from spark_jobs.delta_merge.spec import is_secret_option
 
 __all__ = [
     "commit_path",
@@ -53,11 +54,6 @@ _DELTALAKE_ONLY = frozenset({
 })  # fmt: skip
 # Words of option keys whose values must never reach a message or a log record. Azure's account key also
 # goes by access_key and master_key (object_store's aliases); AWS's access_key_id is not a secret.
-_SECRET_WORDS = (
-    "secret", "token", "password", "sas", "signature", "credential", "account_key", "private", "master_key",
-    "encryption_key",
-)  # fmt: skip
-_SECRET_SUFFIXES = ("access_key",)
 # A SAS token's signature wherever a request URL shows it: object_store redacts its URLs, but pyarrow's
 # Azure errors may quote them, with the token re-encoded, so the option's value may not appear verbatim.
 _SAS_SIGNATURE = re.compile(r"(?i)\b(sig=)[^&\s\"'<>]+")
@@ -112,12 +108,6 @@ def redacted(text: str, storage_options: Mapping[str, str] | None) -> str:
             for form in {value, quote(value, safe=""), quote(value, safe="/=&")}:
                 text = text.replace(form, "***")
     return _SAS_SIGNATURE.sub(r"\1***", text)
-
-
-def is_secret_option(key: str) -> bool:
-    """Whether the storage option ``key`` holds a secret (its value is never shown)."""
-    name = key.lower()
-    return any(word in name for word in _SECRET_WORDS) or name.endswith(_SECRET_SUFFIXES)
 
 
 def storage_failure(

@@ -8,6 +8,7 @@ import asyncio
 import importlib.machinery
 import json
 import sys
+import time
 import types
 from pathlib import Path
 from types import SimpleNamespace
@@ -15,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from airflow_merge_provider.errors import MergeArgumentError
+from airflow_merge_provider.errors import MergeArgumentError, MergeJobFailedError
 from airflow_merge_provider.hooks import storage_credentials
 from airflow_merge_provider.hooks.merge_into import MergeSubmitHook
 from airflow_merge_provider.hooks.storage_credentials import (
@@ -87,10 +88,6 @@ def test_the_async_read_for_triggers_gives_the_same_options(monkeypatch: pytest.
 
 
 def test_secret_options_are_found_by_the_words_the_job_masks() -> None:
-    # The job's list lives in a module that imports obstore; the provider keeps a copy to parse DAGs light.
-    from spark_jobs.delta_merge import log_store
-
-    assert storage_credentials.SECRET_WORDS == log_store._SECRET_WORDS
     options = {"AWS_SECRET_ACCESS_KEY": "s", "aws_session_token": "t", "AZURE_STORAGE_SAS_KEY": "k",
                "azure_storage_account_key": "a", "AWS_ACCESS_KEY_ID": "i", "AWS_ENDPOINT_URL": "e",
                "AWS_REGION": "r", "AWS_ALLOW_HTTP": "true"}  # fmt: skip
@@ -282,8 +279,14 @@ def test_aws_conn_id_refuses_a_submit_that_would_put_the_spec_on_the_command_lin
     assert fake_spark_submit.calls() == []
 
 
+def _refusal(op: Any, make_context: ContextFactory) -> str:
+    with pytest.raises(MergeArgumentError) as caught:
+        op.execute(make_context())
+    return str(caught.value)
+
+
 @pytest.mark.parametrize("deployment", ["detached", "cluster mode"])
-def test_explicit_storage_options_are_refused_where_the_spec_would_be_on_the_command_line(
+def test_secret_storage_options_are_refused_where_the_spec_would_be_on_the_command_line(
     tmp_path: Path,
     make_context: ContextFactory,
     fake_spark_submit: SimpleNamespace,
@@ -299,7 +302,42 @@ def test_explicit_storage_options_are_refused_where_the_spec_would_be_on_the_com
     target = {"uri": "s3://lake/orders", "storage_options": {"AWS_SECRET_ACCESS_KEY": SECRET}}
     op = _operator(tmp_path, fake_spark_submit, target=target, **kwargs)
 
-    with pytest.raises(MergeArgumentError, match="storage_options and aws_conn_id need client deploy mode"):
+    with pytest.raises(MergeArgumentError, match="credentials in storage_options and aws_conn_id need"):
         op.execute(make_context())
 
+    assert "storage_options ['AWS_SECRET_ACCESS_KEY']" in str(op_error := _refusal(op, make_context))
+    assert SECRET not in op_error
     assert fake_spark_submit.calls() == []
+
+
+@pytest.mark.parametrize("deployment", ["detached", "cluster mode"])
+def test_storage_options_without_secrets_travel_in_any_deploy_mode(
+    tmp_path: Path,
+    make_context: ContextFactory,
+    fake_spark_submit: SimpleNamespace,
+    spark_local: str,
+    monkeypatch: pytest.MonkeyPatch,
+    deployment: str,
+) -> None:
+    # An endpoint and a region, the credentials coming from the driver's environment or role.
+    monkeypatch.setattr(merge_into, "find_merge_commit", lambda *a, **k: None)
+    kwargs: dict[str, Any] = {"wait_for_completion": False}
+    if deployment == "cluster mode":
+        monkeypatch.setenv("AIRFLOW_CONN_SPARK_CLUSTER", CLUSTER_CONN)
+        kwargs = {"conn_id": "spark_cluster"}
+    options = {"AWS_ENDPOINT_URL": "https://s3.eu-west-1.amazonaws.com", "AWS_REGION": "eu-west-1"}
+    target = {"uri": "s3://lake/orders", "storage_options": options}
+    op = _operator(tmp_path, fake_spark_submit, target=target, **kwargs)
+
+    if deployment == "cluster mode":
+        # The stand-in spark-submit reports no cluster driver id, so the run fails after submitting.
+        with pytest.raises(MergeJobFailedError):
+            op.execute(make_context())
+    else:
+        op.execute(make_context())
+
+    deadline = time.monotonic() + 30  # a detached submit is not waited for
+    while not fake_spark_submit.calls() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    (argv,) = fake_spark_submit.calls()
+    assert "eu-west-1" in " ".join(argv)
