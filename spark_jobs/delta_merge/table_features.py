@@ -6,7 +6,7 @@ import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
-from pyspark.sql.types import StructField, StructType
+from pyspark.sql.types import ArrayType, DataType, MapType, StructField, StructType, VariantType
 
 from spark_jobs.delta_merge.column_mapping import MODES
 from spark_jobs.delta_merge.errors import MergeAnalysisError, UnsupportedTableFeatureError
@@ -67,6 +67,7 @@ SUPPORTED_FEATURES = frozenset(
     }
 )
 _PROTOCOL = "protocol"
+_VARIANT_FEATURES = frozenset({"variantType", "variantType-preview"})
 CLUSTERING_DOMAIN = "delta.clustering"
 _APPEND_ONLY = "appendOnly"
 # How Delta's messages name the writer ("... unsupported by Delta Lake "<version>"").
@@ -187,11 +188,26 @@ def _problems(snapshot: TargetSnapshot, *, removes_files: bool) -> Iterator[tupl
         )
     yield from _row_tracking_problems(snapshot, config, removes_files=removes_files)
     yield from _clustering_problems(snapshot, config)
-    for feature in sorted(
-        (protocol.reader_features | protocol.writer_features) - SUPPORTED_FEATURES
-    ):
+    unsupported = (protocol.reader_features | protocol.writer_features) - SUPPORTED_FEATURES
+    if not _has_variant(snapshot.schema):
+        # Supporting variantType means writing VARIANT columns right; a table without one (deltalake lists
+        # the feature on every table it creates with features) asks nothing more of a writer.
+        unsupported -= _VARIANT_FEATURES
+    for feature in sorted(unsupported):
         why = _WHY.get(feature, "this job does not know its rules")
         yield feature, f"{feature}: {why}."
+
+
+def _has_variant(data_type: DataType) -> bool:
+    if isinstance(data_type, VariantType):
+        return True
+    if isinstance(data_type, StructType):
+        return any(_has_variant(f.dataType) for f in data_type.fields)
+    if isinstance(data_type, ArrayType):
+        return _has_variant(data_type.elementType)
+    if isinstance(data_type, MapType):
+        return _has_variant(data_type.keyType) or _has_variant(data_type.valueType)
+    return False
 
 
 def _row_tracking_problems(

@@ -133,7 +133,10 @@ def test_files_with_deletion_vectors_are_rewritten_not_refused() -> None:
             "columnMapping (delta.columnMapping.mode=sideways): not one of none, name, id",
         ),
         ({"protocol": _features("typeWidening")}, "typeWidening: older files may hold narrower types"),
-        ({"protocol": _features("variantType")}, "variantType: VARIANT columns are not read or written"),
+        (
+            {"protocol": _features("variantType"), "fields": [_field("v", "variant")]},
+            "variantType: VARIANT columns are not read or written",
+        ),
         (
             {"protocol": _features("rowTracking"), "configuration": {"delta.enableRowTracking": "true"}},
             "names no materialized row id or row commit version column",
@@ -145,6 +148,18 @@ def test_files_with_deletion_vectors_are_rewritten_not_refused() -> None:
 )
 def test_refused_features(kwargs: dict[str, Any], expected: str) -> None:
     assert expected in _refusal(_snapshot(**kwargs))
+
+
+def test_the_variant_feature_without_a_variant_column_is_writable() -> None:
+    # deltalake lists variantType on every table it creates with features (deletion vectors, say).
+    names = {"type": "struct", "fields": [_field("name", "string")]}
+    tags = {"type": "array", "elementType": names, "containsNull": True}
+    protocol = _features("variantType", "deletionVectors")
+    snapshot = _snapshot(protocol=protocol, fields=[_field("id"), _field("tags", tags)])
+    check_writable(snapshot, removes_files=True)
+    body = {"type": "struct", "fields": [_field("body", "variant")]}
+    nested = _snapshot(protocol=_features("variantType"), fields=[_field("doc", body)])
+    assert "variantType: VARIANT columns" in _refusal(nested)
 
 
 def test_row_tracking_with_change_data_feed_is_writable() -> None:
