@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from spark_jobs.delta_merge.deletion_vectors import DeletionVector, deleted_rows, z85_decode
+from spark_jobs.delta_merge.deletion_vectors import DeletionVector, deleted_rows, z85_decode, z85_encode
 from spark_jobs.delta_merge.log_store import log_store
 from spark_jobs.delta_merge.snapshot import load_snapshot
 from tests.delta_reader import read_rows, read_rows_with_kernel
-from tests.spark_jobs.deletion_vector_fixture import add_deletion_vectors, z85_encode
+from tests.spark_jobs.deletion_vector_fixture import add_deletion_vectors
 from tests.spark_jobs.test_pipeline import (
     check_commit,
     expected_rows,
