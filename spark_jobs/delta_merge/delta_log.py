@@ -63,20 +63,23 @@ _CHECKPOINT_COLUMNS = ("add", "sidecar", "domainMetadata")
 
 @dataclass(frozen=True)
 class AddFields:
-    """The fields of a live file's last ``add`` that deltalake does not expose."""
+    """The fields of a live file's last ``add`` that deltalake does not expose (and ``stats`` as the log
+    holds it, keyed by physical names: a deletion vector's new ``add`` repeats it)."""
 
     deletion_vector: DeletionVector | None = None
     base_row_id: int | None = None
     default_row_commit_version: int | None = None
+    stats_json: str | None = None
 
     @classmethod
     def from_action(cls, add: Mapping[str, Any]) -> AddFields:
         vector, base = add.get("deletionVector"), add.get("baseRowId")
-        version = add.get("defaultRowCommitVersion")
+        version, stats = add.get("defaultRowCommitVersion"), add.get("stats")
         return cls(
             deletion_vector=DeletionVector.from_action(vector) if vector else None,
             base_row_id=None if base is None else int(base),
             default_row_commit_version=None if version is None else int(version),
+            stats_json=stats if isinstance(stats, str) and stats else None,
         )
 
 

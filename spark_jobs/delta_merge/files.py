@@ -36,6 +36,7 @@ class LiveFile:
     :param deletion_vector: the file's deletion vector descriptor (its rows are not all live), or None.
     :param base_row_id: row tracking: the default row id of the file's first row (``add.baseRowId``).
     :param default_row_commit_version: row tracking: ``add.defaultRowCommitVersion``.
+    :param stats_json: ``add.stats`` as the log holds it, when the log was replayed for the file's fields.
     """
 
     path: str
@@ -46,6 +47,7 @@ class LiveFile:
     deletion_vector: DeletionVector | None = None
     base_row_id: int | None = None
     default_row_commit_version: int | None = None
+    stats_json: str | None = field(default=None, compare=False)
 
     @property
     def has_deletion_vector(self) -> bool:

@@ -9,12 +9,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from pyroaring import BitMap64
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StructField, StructType
 
 from spark_jobs.delta_merge.column_mapping import mapping_mode
 from spark_jobs.delta_merge.data_skipping import partition_count, prune_files
+from spark_jobs.delta_merge.deletion_vector_updates import mark_rows, writes_deletion_vectors
 from spark_jobs.delta_merge.errors import ConstraintViolationError, spark_failure
 from spark_jobs.delta_merge.files import LiveFile, WrittenFile
 from spark_jobs.delta_merge.merge_plan import MergePlan
@@ -23,6 +25,7 @@ from spark_jobs.delta_merge.rewrite import (
     ACTION_COLUMN,
     CHANGE_TYPES,
     DROPPED_ACTIONS,
+    MARKED_ACTIONS,
     PREIMAGE_CHANGE_TYPES,
     PREIMAGE_PREFIX,
     VIOLATION_COLUMN,
@@ -44,7 +47,7 @@ from spark_jobs.delta_merge.table_features import (
     check_writable,
     table_constraints,
 )
-from spark_jobs.delta_merge.table_scan import file_key, scan_files
+from spark_jobs.delta_merge.table_scan import FILE_KEY_COLUMN, ROW_INDEX_COLUMN, file_key, scan_files
 from spark_jobs.delta_merge.touched_files import TouchedFiles, find_touched_files
 from spark_jobs.delta_merge.write import write_empty_change_file, write_merge_output
 
@@ -56,13 +59,15 @@ log = logging.getLogger("delta_merge")
 @dataclass(frozen=True)
 class MergeOutcome:
     """What the merge computed: its metrics and the files to remove and add in the commit
-    (``change_files``: the change data files, for ``cdc`` actions)."""
+    (``change_files``: the change data files, for ``cdc`` actions; ``readds``: removed files added again
+    with a new deletion vector)."""
 
     metrics: MergeMetrics
     removes: tuple[LiveFile, ...]
     adds: tuple[WrittenFile, ...]
     read: tuple[LiveFile, ...] = ()
     change_files: tuple[WrittenFile, ...] = ()
+    readds: tuple[LiveFile, ...] = ()
 
 
 @contextmanager
@@ -100,13 +105,15 @@ def _count_rows(output: DataFrame) -> dict[int, int]:
 def _write(
     spark: SparkSession, output: DataFrame, *, snapshot: TargetSnapshot, plan: MergePlan,
     target_file_size: int, dry_run: bool, description: str, change_data: bool = False,
-    hidden: tuple[str, ...] = (),
-) -> tuple[dict[int, int], tuple[WrittenFile, ...], tuple[WrittenFile, ...]]:
+    hidden: tuple[str, ...] = (), marking: bool = False,
+) -> tuple[dict[int, int], tuple[WrittenFile, ...], tuple[WrittenFile, ...], Mapping[str, BitMap64]]:
     """Write the output; with ``change_data``, also its change rows (``output`` carries preimages);
-    ``hidden`` columns (long) are written to the data files after the table's."""
+    ``hidden`` columns (long) are written to the data files after the table's. With ``marking``, the
+    target rows updated or deleted are marked (``output`` carries their file and row index) and come back
+    by file key, for deletion vectors."""
     with _stage(spark, description):
         if dry_run:
-            return _count_rows(output), (), ()
+            return _count_rows(output), (), (), {}
         changes: dict[str, Any] = {}
         if change_data:
             changes = {
@@ -128,9 +135,11 @@ def _write(
             job_description=description,
             column_mapping_mode=mapping_mode(snapshot.configuration),
             storage_options=snapshot.storage_options,
+            mark_codes=[int(a) for a in MARKED_ACTIONS] if marking else (),
+            mark_columns=(FILE_KEY_COLUMN, ROW_INDEX_COLUMN) if marking else None,
             **changes,
         )
-    return dict(outcome.rows_by_code), tuple(outcome.files), outcome.change_files
+    return dict(outcome.rows_by_code), tuple(outcome.files), outcome.change_files, outcome.marks
 
 
 def _row_metrics(counts: Mapping[int, int]) -> dict[str, int]:
@@ -203,7 +212,7 @@ def insert_only_merge(
     output = insert_only_output(source, target, plan=plan, constraints=constraints)
     # As Delta's InsertOnlyMergeExecutor, even with the change data feed on: no change data files, since
     # readers take the adds of a version without cdc actions as its inserts.
-    counts, adds, _ = _write(
+    counts, adds, _, _ = _write(
         spark, output, snapshot=snapshot, plan=plan, target_file_size=target_file_size, dry_run=dry_run,
         description="MERGE operation - writing new files for only inserts",
     )
@@ -240,14 +249,21 @@ def classic_merge(
     # Row tracking enabled: updated and copied rows keep their stable row ids (and copies their versions).
     tracking = row_tracking(snapshot)
     hidden = tracking.materialized_columns if tracking is not None and removes else ()
+    # Merge-on-read: changed rows are marked in deletion vectors, copies stay in their files.
+    marking = bool(removes) and writes_deletion_vectors(spark, snapshot)
     if removes:
-        target = scan_files(spark, snapshot, removes, row_tracking=tracking)
+        target = scan_files(spark, snapshot, removes, row_tracking=tracking,
+                            with_file_key=marking, with_row_index=marking)  # fmt: skip
+        carried = (ROW_ID_COLUMN, ROW_COMMIT_VERSION_COLUMN) if hidden else ()
         output = classic_output(source, target, plan=plan,
                                 copy_values=plan.copy_values, constraints=constraints,
                                 change_data=change_data, deduplicate_deletes=deduplicate,
-                                carried=(ROW_ID_COLUMN, ROW_COMMIT_VERSION_COLUMN) if hidden else ())
+                                carried=carried + ((FILE_KEY_COLUMN, ROW_INDEX_COLUMN) if marking else ()))
         if tracking is not None and hidden:
             output = with_materialized_columns(output, tracking, action_column=ACTION_COLUMN)
+        if marking:
+            # Copied rows are neither written nor handed to Python: filtered in the JVM.
+            output = output.filter(F.col(ACTION_COLUMN) != int(Action.COPY))
     elif plan.clauses_of("not_matched"):
         # Nothing matched: like Delta's writeInsertsOnlyWhenNoMatches, only the inserts are written.
         output = insert_only_output(source, None, plan=plan.only_inserts(), constraints=constraints)
@@ -256,13 +272,28 @@ def classic_merge(
     counts: dict[int, int] = {}
     adds: tuple[WrittenFile, ...] = ()
     change_files: tuple[WrittenFile, ...] = ()
+    marks: Mapping[str, BitMap64] = {}
     if output is not None:
-        counts, adds, change_files = _write(
+        description = (f"MERGE operation - writing changed rows of {len(removes)} files with deletion vectors"
+                       if marking else f"MERGE operation - Rewriting {len(removes)} files")  # fmt: skip
+        counts, adds, change_files, marks = _write(
             spark, output, snapshot=snapshot, plan=plan, target_file_size=target_file_size, dry_run=dry_run,
-            description=f"MERGE operation - Rewriting {len(removes)} files", change_data=change_data,
-            hidden=hidden,
+            description=description, change_data=change_data, hidden=hidden, marking=marking,
         )
-    if change_data and not dry_run and not change_files:
+    readds: tuple[LiveFile, ...] = ()
+    dv_metrics: dict[str, int] = {}
+    if marking and not dry_run:
+        updates = mark_rows(snapshot, removes, marks)
+        touched_count = len(removes)
+        removes, readds = updates.removes, updates.readds
+        dv_metrics = {
+            "numTargetDeletionVectorsAdded": updates.deletion_vectors_added,
+            "numTargetDeletionVectorsUpdated": updates.deletion_vectors_updated,
+            "numTargetDeletionVectorsRemoved": updates.deletion_vectors_removed,
+        }
+        log.info("%d of %d touched files got deletion vectors, %d were emptied", len(readds), touched_count,
+                 len(updates.fully_removed))  # fmt: skip
+    if change_data and not dry_run and not change_files and removes:
         # Every row of the touched files was copied. Delta commits no cdc action then, and readers take a
         # version without one as the deletes of its removes and the inserts of its adds: the copies would
         # read as changes. A change data file without rows says that nothing changed.
@@ -278,9 +309,13 @@ def classic_merge(
         deleted = int(Action.DELETE_MATCHED)
         counts = {**counts, deleted: counts.get(deleted, 0) - touched.extra_matches}
     second_scan = second_scan_rows() if output is not None else touched.num_source_rows
+    # With deletion vectors, Delta counts as removed only the files no row of which is left.
+    kept = {f.path for f in readds}
+    emptied = tuple(f for f in removes if f.path not in kept)
     values: dict[str, Any] = {
-        **_row_metrics(counts), **_file_metrics(snapshot, candidates, removes, adds, change_files),
+        **_row_metrics(counts), **_file_metrics(snapshot, candidates, emptied, adds, change_files),
+        **dv_metrics,
         "numSourceRows": touched.num_source_rows, "numSourceRowsInSecondScan": second_scan,
         "scanTimeMs": scan_ms, "rewriteTimeMs": _elapsed_ms(started),
     }
-    return MergeOutcome(MergeMetrics(**values), removes, adds, tuple(candidates), change_files)
+    return MergeOutcome(MergeMetrics(**values), removes, adds, tuple(candidates), change_files, readds)

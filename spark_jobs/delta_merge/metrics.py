@@ -70,6 +70,10 @@ class MergeMetrics:
     scanTimeMs: int = 0
     rewriteTimeMs: int = 0
     numOutputRows: int = 0
+    # Merges into tables with deletion vectors (Delta's MergeIntoCommandBase records them too).
+    numTargetDeletionVectorsAdded: int = 0
+    numTargetDeletionVectorsRemoved: int = 0
+    numTargetDeletionVectorsUpdated: int = 0
     materializeSourceReason: str = ""
     materializeSourceTimeMs: int = 0
     readVersion: int = -1

@@ -22,6 +22,7 @@ __all__ = [
     "ACTION_COLUMN",
     "CHANGE_TYPES",
     "DROPPED_ACTIONS",
+    "MARKED_ACTIONS",
     "PREIMAGE_CHANGE_TYPES",
     "PREIMAGE_PREFIX",
     "VIOLATION_COLUMN",
@@ -58,6 +59,11 @@ class Action(IntEnum):
 DROPPED_ACTIONS = frozenset(
     {Action.DELETE_MATCHED, Action.DELETE_NOT_MATCHED_BY_SOURCE, Action.SOURCE_UNMATCHED}
 )
+# Target rows with these codes leave their file: with deletion vectors, they are marked deleted there.
+MARKED_ACTIONS = frozenset({
+    Action.UPDATE_MATCHED, Action.UPDATE_NOT_MATCHED_BY_SOURCE,
+    Action.DELETE_MATCHED, Action.DELETE_NOT_MATCHED_BY_SOURCE,
+})  # fmt: skip
 
 
 # Change data feed (CDCReader's _change_type values): the change row the written row is, by action code,

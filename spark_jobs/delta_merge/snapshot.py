@@ -263,6 +263,7 @@ def _live_file(row: Mapping[str, Any], partition_keys: Mapping[str, str], log_st
         deletion_vector=extra.deletion_vector if extra else None,
         base_row_id=extra.base_row_id if extra else None,
         default_row_commit_version=extra.default_row_commit_version if extra else None,
+        stats_json=extra.stats_json if extra else None,
     )
 
 

@@ -34,11 +34,11 @@ from spark_jobs.delta_merge.snapshot import file_uri
 if TYPE_CHECKING:
     from spark_jobs.delta_merge.snapshot import TargetSnapshot
 
-__all__ = ["FILE_KEY_COLUMN", "file_key", "scan_files"]
+__all__ = ["FILE_KEY_COLUMN", "ROW_INDEX_COLUMN", "file_key", "scan_files"]
 
 # Identifies the file a target row came from, in the form `file_key` gives for a LiveFile.
 FILE_KEY_COLUMN = "__merge_file"
-_ROW_INDEX = "__merge_row_index"
+ROW_INDEX_COLUMN = "__merge_row_index"
 
 
 def file_key(snapshot: TargetSnapshot, live_file: LiveFile) -> str:
@@ -65,7 +65,7 @@ def _read_live_rows(
     with_row_index: bool = False,
 ) -> DataFrame:
     """The Parquet rows of ``files`` minus the rows their deletion vectors delete (with their physical
-    index in the file as ``_ROW_INDEX`` when ``with_row_index``).
+    index in the file as ``ROW_INDEX_COLUMN`` when ``with_row_index``).
 
     Files without a vector are read as they are; only files with one pay for the anti join on
     (file, ``_metadata.row_index``) against their deleted rows, which are few and broadcast.
@@ -80,7 +80,7 @@ def _read_live_rows(
     if plain:
         df = spark.read.schema(data_schema).parquet(*[file_uri(snapshot, f) for f in plain])
         if with_row_index:
-            df = df.withColumn(_ROW_INDEX, F.col("_metadata.row_index"))
+            df = df.withColumn(ROW_INDEX_COLUMN, F.col("_metadata.row_index"))
         parts.append(df.withColumn(FILE_KEY_COLUMN, _file_key_column()) if with_file_key else df)
     if with_dv:
         store = log_store(snapshot.table_uri, snapshot.storage_options)
@@ -93,20 +93,20 @@ def _read_live_rows(
             )
         ]
         deleted_schema = StructType(
-            [StructField(FILE_KEY_COLUMN, StringType()), StructField(_ROW_INDEX, LongType())]
+            [StructField(FILE_KEY_COLUMN, StringType()), StructField(ROW_INDEX_COLUMN, LongType())]
         )
         df = (
             spark.read.schema(data_schema)
             .parquet(*[file_uri(snapshot, f) for f in with_dv])
             .withColumn(FILE_KEY_COLUMN, _file_key_column())
-            .withColumn(_ROW_INDEX, F.col("_metadata.row_index"))
+            .withColumn(ROW_INDEX_COLUMN, F.col("_metadata.row_index"))
             .join(
                 F.broadcast(spark.createDataFrame(deleted, deleted_schema)),
-                [FILE_KEY_COLUMN, _ROW_INDEX],
+                [FILE_KEY_COLUMN, ROW_INDEX_COLUMN],
                 "left_anti",
             )
         )
-        df = df if with_row_index else df.drop(_ROW_INDEX)
+        df = df if with_row_index else df.drop(ROW_INDEX_COLUMN)
         parts.append(df if with_file_key else df.drop(FILE_KEY_COLUMN))
     result = parts[0]
     for part in parts[1:]:
@@ -137,8 +137,8 @@ def _read_live_rows_with_arrow(
         path = arrow_file_path(file_uri(snapshot, f))
         scan.append(ArrowScanFile(path=path, key=file_key(snapshot, f), deleted_rows=deleted))
     df = read_parquet_files(spark, snapshot.table_uri, scan, data_schema, storage_options=options)
-    df = df.withColumnRenamed(ROW_INDEX, _ROW_INDEX).withColumnRenamed(FILE_PATH, FILE_KEY_COLUMN)
-    df = df if with_row_index else df.drop(_ROW_INDEX)
+    df = df.withColumnRenamed(ROW_INDEX, ROW_INDEX_COLUMN).withColumnRenamed(FILE_PATH, FILE_KEY_COLUMN)
+    df = df if with_row_index else df.drop(ROW_INDEX_COLUMN)
     return df if with_file_key else df.drop(FILE_KEY_COLUMN)
 
 
@@ -148,9 +148,14 @@ def scan_files(
     files: Sequence[LiveFile],
     *,
     with_file_key: bool = False,
+    with_row_index: bool = False,
     row_tracking: RowTracking | None = None,
 ) -> DataFrame:
     """The rows of ``files`` in the snapshot's schema (partition columns from the log, not the path).
+
+    :param with_file_key: each row also carries its file (:data:`FILE_KEY_COLUMN`).
+    :param with_row_index: each row also carries its physical index in its file
+        (:data:`ROW_INDEX_COLUMN`), the position a deletion vector marks.
 
     Columns of column-mapped tables are read by physical name or field id and renamed to logical names.
 
@@ -164,6 +169,7 @@ def scan_files(
     data_fields = [f for f in schema.fields if f.name not in partition_columns]
     data_schema = physical_read_schema(StructType(data_fields), mode)
     out_fields = list(schema.fields) + ([StructField(FILE_KEY_COLUMN, StringType())] if with_file_key else [])
+    out_fields += [StructField(ROW_INDEX_COLUMN, LongType())] if with_row_index else []
     tracked = row_tracking.materialized_columns if row_tracking is not None else ()
     if tracked:
         data_schema = StructType(data_schema.fields + [StructField(c, LongType()) for c in tracked])
@@ -172,7 +178,8 @@ def scan_files(
         return spark.createDataFrame([], StructType(out_fields))
     df = _read_live_rows(
         spark, snapshot, files, data_schema,
-        with_file_key=with_file_key or bool(partition_columns or tracked), with_row_index=bool(tracked),
+        with_file_key=with_file_key or bool(partition_columns or tracked),
+        with_row_index=with_row_index or bool(tracked),
     )
     if tracked:
         df = _with_stable_row_ids(spark, snapshot, files, df, tracked)
@@ -214,6 +221,6 @@ def _with_stable_row_ids(
     row_id, commit_version = (F.col(f"`{c}`") for c in materialized)
     return (
         df.join(F.broadcast(defaults), on=FILE_KEY_COLUMN, how="inner")
-        .withColumn(ROW_ID_COLUMN, F.coalesce(row_id, F.col("__merge_base_row_id") + F.col(_ROW_INDEX)))
+        .withColumn(ROW_ID_COLUMN, F.coalesce(row_id, F.col("__merge_base_row_id") + F.col(ROW_INDEX_COLUMN)))
         .withColumn(ROW_COMMIT_VERSION_COLUMN, F.coalesce(commit_version, F.col("__merge_default_version")))
     )

@@ -9,11 +9,12 @@ import re
 from collections import Counter
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
 import pyarrow as pa
+from pyroaring import BitMap64
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_type
@@ -41,11 +42,13 @@ class WriteOutcome:
     :param files: the new files, ready to become ``add`` actions (sorted by path).
     :param rows_by_code: input rows per action code, written or dropped (codes never seen are absent).
     :param change_files: the change data files, ready to become ``cdc`` actions (sorted by path).
+    :param marks: target file key -> the physical indexes of its marked rows.
     """
 
     files: tuple[WrittenFile, ...]
     rows_by_code: Mapping[int, int]
     change_files: tuple[WrittenFile, ...] = ()
+    marks: Mapping[str, BitMap64] = field(default_factory=dict)
 
     @property
     def num_written_rows(self) -> int:
@@ -60,6 +63,7 @@ def write_merge_output(
     change_types: Mapping[int, str] | None = None, preimage_change_types: Mapping[int, str] | None = None,
     preimage_columns: Sequence[str] = (), column_mapping_mode: str = "none",
     hidden_columns: Sequence[str] = (), storage_options: Mapping[str, str] | None = None,
+    mark_codes: Collection[int] = (), mark_columns: tuple[str, str] | None = None,
 ) -> WriteOutcome:
     """Write ``df`` as new Parquet files under ``table_root``, counting rows per action code.
 
@@ -85,6 +89,8 @@ def write_merge_output(
         keyed by physical name, as the log wants them.
     :param hidden_columns: ``schema`` columns written to the data files that are not table columns (row
         tracking's materialized columns): no statistics are collected on them.
+    :param mark_codes: rows of these codes are marked rather than written (deletion vectors): their
+        target file's key and physical row index, from ``mark_columns``, come back in ``marks``.
     :raises ConstraintViolationError: a row violates a constraint (the message is the column's value).
     :raises MergeExecutionError: the job failed; nothing is committed and files written before
         the failure are orphans that VACUUM removes.
@@ -113,6 +119,9 @@ def write_merge_output(
             f"write_merge_output: {len(preimage_columns)} preimage columns for {table_width} table columns"
         )
     extra += list(preimage_columns) if preimage_change_types else []
+    if bool(mark_codes) != (mark_columns is not None):
+        raise ValueError("write_merge_output: mark_codes and mark_columns go together")
+    extra += list(mark_columns or ())
     full_schema, data_schema, file_partitions = _file_layout(schema, partition_columns, column_mapping_mode)
     logical_data = pa.schema(
         [f for f in arrow_schema(schema) if f.name not in partition_columns and f.name not in hidden_columns]
@@ -133,6 +142,7 @@ def write_merge_output(
         preimage_change_types=tuple(sorted((preimage_change_types or {}).items())),
         hidden_count=len(hidden_columns),
         storage_options=dict(storage_options or {}),
+        mark_codes=tuple(sorted({int(c) for c in mark_codes})),
     )
     output = df.select(*[F.col(_quoted(n)).alias(n) for n in names], *[F.col(_quoted(c)) for c in extra])
     if partition_columns:
@@ -164,15 +174,19 @@ def write_merge_output(
     files: list[WrittenFile] = []
     change_files: list[WrittenFile] = []
     counts: Counter[int] = Counter()
+    marks: dict[str, BitMap64] = {}
     for row in rows:
         if row["kind"] in ("file", "cdc"):
             (files if row["kind"] == "file" else change_files).append(_written_file(row.asDict()))
+        elif row["kind"] == "marks":
+            bitmap = BitMap64.deserialize(bytes(row["marks"]))
+            marks[row["path"]] = marks[row["path"]] | bitmap if row["path"] in marks else bitmap
         else:
             counts[int(row["code"])] += int(row["count"])
     files.sort(key=lambda f: f.path)
     change_files.sort(key=lambda f: f.path)
     return WriteOutcome(files=tuple(files), rows_by_code=MappingProxyType(dict(counts)),
-                        change_files=tuple(change_files))
+                        change_files=tuple(change_files), marks=MappingProxyType(marks))
 
 
 def write_empty_change_file(

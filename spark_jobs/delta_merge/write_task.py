@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from pyroaring import BitMap64
 from pyspark.sql.types import DataType
 
 from spark_jobs.delta_merge.arrow_store import arrow_filesystem
@@ -44,12 +45,13 @@ _TASK_BUFFER_BYTES = 256 << 20  # all partitions' buffered rows in one task, at 
 _RESULT_ARROW_SCHEMA = pa.schema([
     ("kind", pa.string()), ("path", pa.string()), ("size", pa.int64()), ("num_records", pa.int64()),
     ("modification_time", pa.int64()), ("partition_values", pa.string()), ("stats", pa.string()),
-    ("code", pa.int64()), ("count", pa.int64()),
+    ("code", pa.int64()), ("count", pa.int64()), ("marks", pa.binary()),
 ])
-# One row per written data file (kind "file"), per change data file (kind "cdc") and per action code a
-# task saw (kind "count").
-RESULT_SCHEMA = ", ".join(f"{f.name} {'string' if f.type == pa.string() else 'long'}"
-                          for f in _RESULT_ARROW_SCHEMA)
+# One row per written data file (kind "file"), per change data file (kind "cdc"), per action code a
+# task saw (kind "count") and per target file some of whose rows a task marked (kind "marks": the file's
+# key in ``path``, the rows' indexes as a serialized 64-bit roaring bitmap in ``marks``).
+_DDL_TYPES = {pa.string(): "string", pa.int64(): "long", pa.binary(): "binary"}
+RESULT_SCHEMA = ", ".join(f"{f.name} {_DDL_TYPES[f.type]}" for f in _RESULT_ARROW_SCHEMA)
 _ROW_INDEX = "__delta_merge_row"
 # A task reports a constraint violation as this marker and the message as one JSON string: Spark hands
 # the driver only the text of a task's error, and the message has several lines.
@@ -76,6 +78,8 @@ class WriteTaskPlan:
         are no table columns (row tracking's materialized columns): change data files leave them out.
     :param storage_options: how to reach the table's store (keys and endpoint for object stores); kept
         out of ``repr`` so no log or error message carries a secret.
+    :param mark_codes: rows of these action codes are not written but marked: their target file's key and
+        physical row index (the last two columns of the batches) are reported, for deletion vectors.
     """
 
     root: str
@@ -93,6 +97,7 @@ class WriteTaskPlan:
     file_kind: str = "file"
     hidden_count: int = 0
     storage_options: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
+    mark_codes: tuple[int, ...] = ()
 
     @property
     def table_width(self) -> int:
@@ -112,7 +117,7 @@ class WriteTaskPlan:
             self, input_schema=table_columns.append(change_type),
             data_schema=pa.schema([f for f in self.data_schema if f.name not in hidden]).append(change_type),
             leaves=(), drop_codes=(), change_types=(), preimage_change_types=(), file_kind="cdc",
-            hidden_count=0,
+            hidden_count=0, mark_codes=(),
         )
 
 
@@ -125,6 +130,7 @@ def write_task(plan: WriteTaskPlan, batches: Iterator[pa.RecordBatch]) -> Iterat
     writer = _TaskWriter(plan, task_id)
     changes = _TaskWriter(plan.change_data_plan(), task_id) if plan.writes_change_data else None
     counts: Counter[int] = Counter()
+    marks: dict[str, BitMap64] = {}
     width = len(plan.input_schema)
     try:
         for batch in batches:
@@ -141,6 +147,8 @@ def write_task(plan: WriteTaskPlan, batches: Iterator[pa.RecordBatch]) -> Iterat
                 data = data.filter(pc.invert(dropped))
             if changes is not None:
                 _write_changes(changes, plan, batch, codes)
+            if plan.mark_codes:
+                _mark(marks, batch, codes, plan.mark_codes)
             if data.num_rows:
                 writer.write(_conform(data, plan.input_schema))
         rows = writer.close() + (changes.close() if changes is not None else [])
@@ -150,7 +158,27 @@ def write_task(plan: WriteTaskPlan, batches: Iterator[pa.RecordBatch]) -> Iterat
             changes.abort()
         raise
     rows += [{"kind": "count", "code": code, "count": n} for code, n in sorted(counts.items())]
+    rows += [{"kind": "marks", "path": key, "marks": bitmap.serialize()}
+             for key, bitmap in sorted(marks.items())]  # fmt: skip
     yield pa.RecordBatch.from_pylist(rows, schema=_RESULT_ARROW_SCHEMA)
+
+
+def _mark(
+    marks: dict[str, BitMap64], batch: pa.RecordBatch, codes: pa.Array, mark_codes: tuple[int, ...]
+) -> None:
+    """Add the batch's rows of ``mark_codes`` to their file's bitmap (file key and row index: the
+    batch's last two columns)."""
+    marked = pc.is_in(codes, value_set=pa.array(mark_codes, codes.type))
+    if not pc.any(marked).as_py():
+        return
+    keys = batch.column(batch.num_columns - 2).filter(marked)
+    indexes = batch.column(batch.num_columns - 1).filter(marked)
+    if keys.null_count or indexes.null_count:
+        raise MergeExecutionError("a merge output row to mark in a deletion vector has no target file or row")
+    encoded = pc.dictionary_encode(keys)
+    for position, key in enumerate(encoded.dictionary.to_pylist()):
+        rows = indexes.filter(pc.equal(encoded.indices, position)).to_numpy(zero_copy_only=False)
+        marks.setdefault(key, BitMap64()).update(rows.astype(np.uint64))
 
 
 def write_empty_file(plan: WriteTaskPlan, partition_values: dict[str, str | None]) -> dict[str, Any]:

@@ -58,6 +58,7 @@ def commit_merge(
         removes=outcome.removes,
         adds=outcome.adds,
         change_files=outcome.change_files,
+        readds=outcome.readds,
         new_schema=final_schema if final_schema != plan.target_schema else None,
         configuration_updates=max_column_id_update(snapshot.configuration, final_schema),
         operation_parameters=_operation_parameters(plan),
@@ -82,8 +83,9 @@ def commit_merge(
         return bool(prune_files(spark, snapshot, files, predicates=plan.target_only_predicates,
                                 target_alias=plan.target_alias))
 
-    log.info("committing: %d files removed, %d added, read version %d",
-             len(outcome.removes), len(outcome.adds), snapshot.version)
+    log.info("committing: %d files removed, %d added, %d given deletion vectors, read version %d",
+             len(outcome.removes) - len(outcome.readds), len(outcome.adds), len(outcome.readds),
+             snapshot.version)
     landed = commit_serializably(
         commit_plan, read, matches_read=matches_read, storage_options=dict(spec.target.storage_options)
     )

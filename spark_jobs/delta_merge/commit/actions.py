@@ -108,6 +108,7 @@ class CommitPlan:
     read_domains: Mapping[str, str] = field(default_factory=dict)
     in_commit_timestamps: bool = False
     read_in_commit_timestamp: int | None = None
+    readds: tuple[LiveFile, ...] = ()
 
     @property
     def changes_metadata(self) -> bool:
@@ -127,6 +128,7 @@ def plan_commit(
     isolation_level: str = "WriteSerializable",
     change_files: Sequence[WrittenFile] = (),
     configuration_updates: Mapping[str, str] | None = None,
+    readds: Sequence[LiveFile] = (),
 ) -> CommitPlan:
     """Validate the merge's file actions and build its commitInfo.
 
@@ -194,6 +196,7 @@ def plan_commit(
         read_domains=dict(snapshot.domains),
         in_commit_timestamps=_in_commit_timestamps(snapshot),
         read_in_commit_timestamp=snapshot.in_commit_timestamp,
+        readds=tuple(readds),
     )
 
 
@@ -290,6 +293,20 @@ def commit_actions(
             "modificationTime": f.modification_time, "dataChange": True, "stats": f.stats_json, **ids,
         }}
         for f, ids in zip(plan.adds, row_ids, strict=True)
+    ]  # fmt: skip
+    # A file whose rows the merge marked deleted: the same file again with its new deletion vector; it keeps
+    # its row ids and commit version (PROTOCOL.md "Row Tracking": they belong to the file's rows).
+    actions += [
+        {"add": {
+            "path": f.path, "partitionValues": dict(f.partition_values), "size": f.size,
+            "modificationTime": f.modification_time, "dataChange": True,
+            **({"stats": f.stats_json} if f.stats_json is not None else {}),
+            "deletionVector": f.deletion_vector.to_action() if f.deletion_vector else None,
+            **({"baseRowId": f.base_row_id} if f.base_row_id is not None else {}),
+            **({"defaultRowCommitVersion": f.default_row_commit_version}
+               if f.default_row_commit_version is not None else {}),
+        }}
+        for f in plan.readds
     ]  # fmt: skip
     # PROTOCOL.md "Add CDC File": change data only, never data of the table, so dataChange is false.
     actions += [
