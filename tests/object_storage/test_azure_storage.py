@@ -17,6 +17,7 @@ from deltalake import DeltaTable, write_deltalake
 
 from spark_jobs.delta_merge.arrow_store import arrow_file_path, arrow_filesystem
 from spark_jobs.delta_merge.azure_options import azure_filesystem_arguments
+from spark_jobs.delta_merge.deletion_vectors import deleted_rows, write_deletion_vectors
 from spark_jobs.delta_merge.delta_log import read_commit_actions
 from spark_jobs.delta_merge.errors import MergeSpecError, TableStorageError
 from spark_jobs.delta_merge.log_store import (
@@ -126,6 +127,17 @@ def test_put_if_absent_is_conditional_on_azurite(azurite: AzuriteServer, contain
             thread.join(timeout=60)
         assert len(won) == 1
         assert read_commit(store, version) == [{"commitInfo": {"writer": won[0]}}]
+
+
+def test_deletion_vectors_written_to_azure_are_read_back(azurite: AzuriteServer, container: str) -> None:
+    uri = f"az://{container}/dv-write"
+    options = azurite.storage_options()
+    vectors = {"a": list(range(0, 4000, 3)), "b": [*range(0, 60, 2), 1 << 33]}
+    descriptors = write_deletion_vectors(uri, options, vectors, inline_limit=0)
+    assert {d.storage_type for d in descriptors.values()} == {"u"}
+    store = log_store(uri, options)
+    for key, rows in vectors.items():
+        assert deleted_rows(store, uri, descriptors[key], storage_options=options) == rows
 
 
 def test_a_sas_token_reaches_the_table_and_a_read_only_one_cannot_commit(

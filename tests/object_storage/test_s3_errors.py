@@ -18,7 +18,7 @@ from deltalake import write_deltalake
 from airflow_merge_provider.errors import MergeProviderError, TargetTableNotFoundError
 from airflow_merge_provider.hooks.merge_commit import find_merge_commit
 from spark_jobs.delta_merge.commit.actions import attempt_commit
-from spark_jobs.delta_merge.deletion_vectors import deleted_rows
+from spark_jobs.delta_merge.deletion_vectors import deleted_rows, write_deletion_vectors
 from spark_jobs.delta_merge.delta_log import (
     app_transaction_version,
     find_app_transaction_commit,
@@ -153,6 +153,18 @@ def test_reading_a_deletion_vector_with_a_wrong_secret_key_fails_clearly(
     text = _failure(lambda: deleted_rows(log_store(uri, bad), uri, vector, storage_options=bad),
                     TableStorageError, caplog)  # fmt: skip
     assert "Reading deletion vector file deletion_vector_" in text
+    assert f"of table {uri} failed" in text
+    _assert_clean(text, s3_server)
+
+
+def test_writing_a_deletion_vector_with_a_wrong_secret_key_fails_clearly(
+    s3_server: S3Server, bucket: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    uri = f"s3://{bucket}/dv-write"
+    bad = s3_server.storage_options(AWS_SECRET_ACCESS_KEY=WRONG_SECRET)
+    write = lambda: write_deletion_vectors(uri, bad, {"f": [1]}, inline_limit=0)  # noqa: E731
+    text = _failure(write, TableStorageError, caplog)
+    assert "Writing deletion vector file deletion_vector_" in text
     assert f"of table {uri} failed" in text
     _assert_clean(text, s3_server)
 

@@ -16,7 +16,7 @@ from airflow_merge_provider.hooks.merge_commit import find_merge_commit
 from spark_jobs.delta_merge.commit.actions import attempt_commit
 from spark_jobs.delta_merge.commit.conflicts import ReadSet
 from spark_jobs.delta_merge.commit.serializable import commit_serializably
-from spark_jobs.delta_merge.deletion_vectors import deleted_rows
+from spark_jobs.delta_merge.deletion_vectors import deleted_rows, write_deletion_vectors
 from spark_jobs.delta_merge.delta_log import (
     app_transaction_version,
     find_app_transaction_commit,
@@ -237,6 +237,19 @@ def test_deletion_vectors_of_a_table_on_s3(s3_server: S3Server, bucket: str, tmp
     store = log_store(snapshot.table_uri, options)
     assert deleted_rows(store, snapshot.table_uri, vectors["a"]) == [0, 2]
     assert deleted_rows(store, snapshot.table_uri, vectors["b"]) == [1]
+
+
+def test_deletion_vectors_written_to_s3(s3_server: S3Server, bucket: str) -> None:
+    uri = f"s3://{bucket}/dv-write"
+    options = s3_server.storage_options()
+    vectors = {"a": list(range(0, 4000, 3)), "b": [7], "c": [*range(0, 60, 2), 1 << 33]}
+    descriptors = write_deletion_vectors(uri, options, vectors, prefix="q1")
+    assert [d.storage_type for d in descriptors.values()] == ["u", "i", "u"]
+    listed = s3_server.client().list_objects_v2(Bucket=bucket, Prefix="dv-write/")["Contents"]
+    assert [o["Key"].rsplit("/", 1)[0] for o in listed] == ["dv-write/q1"]  # one file, under the prefix
+    store = log_store(uri, options)
+    for key, rows in vectors.items():
+        assert deleted_rows(store, uri, descriptors[key], storage_options=options) == rows
 
 
 @pytest.mark.parametrize("scheme_options", [{"AWS_S3_ALLOW_UNSAFE_RENAME": "true"}, {"timeout": "30s"}])

@@ -1,8 +1,8 @@
 """Deletion vectors are honoured: deleted rows never come back; a rewritten file's remove carries its vector.
 
-The vectors are written by hand (deltalake cannot write them): ``deletion_vector_fixture``. Each fixture
-is first read back through deltalake and DuckDB's Delta extension, so the test tables are right before
-any merge runs.
+deltalake cannot write vectors: ``deletion_vector_fixture`` commits them, stored by the job's writer.
+Each fixture is first read back through deltalake and DuckDB's Delta extension, so the test tables are
+right before any merge runs.
 """
 
 from __future__ import annotations
