@@ -63,3 +63,13 @@ def table_root(tmp_path: Path) -> Path:
     path = tmp_path / "table"
     path.mkdir()
     return path
+
+
+@pytest.fixture
+def copy_on_write(spark: SparkSession) -> Iterator[None]:
+    """Merges rewrite touched files even where the table enables deletion vectors (Delta's conf off)."""
+    from spark_jobs.delta_merge.deletion_vector_updates import PERSISTENT_DELETION_VECTORS_CONF
+
+    spark.conf.set(PERSISTENT_DELETION_VECTORS_CONF, "false")
+    yield
+    spark.conf.unset(PERSISTENT_DELETION_VECTORS_CONF)

@@ -30,6 +30,9 @@ from tests.spark_jobs.test_pipeline import (
     row_metrics,
 )
 
+# Copy-on-write into tables with deletion vectors (merge-on-read: test_merge_on_read.py).
+pytestmark = pytest.mark.usefixtures("copy_on_write")
+
 # File a holds ids 1-5 (a "u" vector deletes rows 1 and 3: ids 2 and 4), file b ids 10-14 (an inline
 # vector deletes row 0: id 10), file c ids 20-21 (no vector).
 LIVE = [(1, "a"), (3, "a"), (5, "a"), (11, "b"), (12, "b"), (13, "b"), (14, "b"), (20, "c"), (21, "c")]

@@ -5,14 +5,12 @@ deletion vectors. Every table is read back by deltalake and by DuckDB's delta-ke
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from spark_jobs.delta_merge.deletion_vector_updates import PERSISTENT_DELETION_VECTORS_CONF
 from spark_jobs.delta_merge.deletion_vectors import DeletionVector, deleted_rows
 from spark_jobs.delta_merge.log_store import log_store
 from tests.delta_reader import read_rows, read_rows_with_kernel
@@ -44,13 +42,6 @@ def dv_table(path: Path, files: int = 3, per_file: int = 100, **configuration: s
 def vector_rows(path: Path, descriptor: dict[str, Any]) -> list[int]:
     table_uri = path.resolve().as_uri()
     return deleted_rows(log_store(table_uri), table_uri, DeletionVector.from_action(descriptor))
-
-
-@pytest.fixture
-def copy_on_write(spark: Any) -> Iterator[None]:
-    spark.conf.set(PERSISTENT_DELETION_VECTORS_CONF, "false")
-    yield
-    spark.conf.unset(PERSISTENT_DELETION_VECTORS_CONF)
 
 
 def test_updated_and_deleted_rows_are_marked_and_only_changed_rows_are_written(

@@ -18,6 +18,8 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import write_deltalake
 
+from spark_jobs.delta_merge.deletion_vectors import DeletionVector, deleted_rows
+from spark_jobs.delta_merge.log_store import log_store
 from tests.delta_reader import read_rows, read_rows_with_kernel
 from tests.spark_jobs.deletion_vector_fixture import add_deletion_vectors
 from tests.spark_jobs.identity_fixture import identity_metadata, make_identity_column
@@ -93,16 +95,20 @@ def _physical(path: Path) -> dict[str, str]:
 
 def _stable_row_ids(path: Path) -> dict[int, int]:
     """Key -> stable row id of every live row, from the log and the files (materialized value, else
-    baseRowId + row index), deleted rows (deletion vectors) left out by reading them through deltalake."""
+    baseRowId + row index), the rows deletion vectors delete left out."""
     _, adds, metadata, _, _ = replay(path)
     materialized = metadata["configuration"][ROW_ID_COLUMN]
     key = _physical(path)["id"]
-    live = {r[0] for r in _read(path)}
+    table_uri = path.resolve().as_uri()
     found: dict[int, int] = {}
     for add in adds.values():
+        vector = add.get("deletionVector")
+        deleted = set(deleted_rows(log_store(table_uri), table_uri, DeletionVector.from_action(vector))
+                      if vector else ())  # fmt: skip
         for index, row in enumerate(pq.read_table(path / add["path"]).to_pylist()):
-            if row[key] not in live:
+            if index in deleted:
                 continue
+            assert row[key] not in found, row[key]
             stable = row.get(materialized)
             found[row[key]] = stable if stable is not None else add["baseRowId"] + index
     assert len(set(found.values())) == len(found)
@@ -140,11 +146,20 @@ def test_upsert_into_a_table_with_every_feature(spark: Any, table: Path, tmp_pat
     assert sum("metaData" in a for a in actions) == 1  # the moved identity mark, in the same commit
     physical = _physical(table)
     materialized = {replay(table)[2]["configuration"][c] for c in (ROW_ID_COLUMN, ROW_COMMIT_VERSION_COLUMN)}
+    removes = {a["remove"]["path"]: a["remove"] for a in actions if "remove" in a}
+    # Merge-on-read (deletion vectors are enabled): touched files come back with a vector, keeping their
+    # row ids and commit version; only the changed rows are in new files.
+    assert removes
+    assert metrics["numTargetRowsCopied"] == 0
     for add in (a["add"] for a in actions if "add" in a):
         names = pq.read_schema(table / add["path"]).names
         assert set(physical.values()) <= set(names)
         assert "baseRowId" in add
-        assert add["defaultRowCommitVersion"] == version
+        if add["path"] in removes:
+            assert "deletionVector" in add
+            assert add["defaultRowCommitVersion"] == removes[add["path"]]["defaultRowCommitVersion"]
+        else:
+            assert add["defaultRowCommitVersion"] == version
         assert set(json.loads(add["stats"])["minValues"]) <= set(physical.values())
     changes = [pq.read_table(table / a["cdc"]["path"]) for a in actions if "cdc" in a]
     assert changes

@@ -20,7 +20,9 @@ from deltalake import DeltaTable
 from pyspark.sql.types import StructType
 
 from spark_jobs.delta_merge.commit.actions import commit_actions, plan_commit
+from spark_jobs.delta_merge.deletion_vectors import DeletionVector, deleted_rows
 from spark_jobs.delta_merge.files import WrittenFile
+from spark_jobs.delta_merge.log_store import log_store
 from spark_jobs.delta_merge.row_tracking import RowTracking, assign_row_ids, row_tracking
 from spark_jobs.delta_merge.row_tracking import high_water_mark as high_water_mark_of
 from spark_jobs.delta_merge.snapshot import TableProtocol, TargetSnapshot, load_snapshot
@@ -45,8 +47,14 @@ def stable_ids(table: Path) -> dict[int, tuple[int, int]]:
     config = metadata["configuration"]
     names = (config.get(ROW_ID_COLUMN), config.get(ROW_COMMIT_VERSION_COLUMN))
     found: dict[int, tuple[int, int]] = {}
+    table_uri = table.resolve().as_uri()
     for path, add in adds.items():
+        vector = add.get("deletionVector")
+        deleted = set(deleted_rows(log_store(table_uri), table_uri, DeletionVector.from_action(vector))
+                      if vector else ())  # fmt: skip
         for index, row in enumerate(pq.read_table(table / path).to_pylist()):
+            if index in deleted:
+                continue
             row_id, version = (row.get(name) if name else None for name in names)
             stable = (
                 row_id if row_id is not None else add["baseRowId"] + index,
@@ -90,7 +98,13 @@ def check_actions(table: Path, version: int, *, mark: int) -> list[dict[str, Any
     the commit's version; removes repeat their add's row tracking fields; the mark moved past all."""
     actions = log_actions(table, version)
     _check_actions(actions)
-    adds = [a["add"] for a in actions if "add" in a]
+    removes = {a["remove"]["path"]: a["remove"] for a in actions if "remove" in a}
+    # A file added again with a deletion vector keeps the ids and version of its rows.
+    for readd in (a["add"] for a in actions if "add" in a and a["add"]["path"] in removes):
+        kept = removes[readd["path"]]
+        assert (readd["baseRowId"], readd["defaultRowCommitVersion"]) == (
+            kept["baseRowId"], kept["defaultRowCommitVersion"])  # fmt: skip
+    adds = [a["add"] for a in actions if "add" in a and a["add"]["path"] not in removes]
     ranges = sorted(
         (a["baseRowId"], a["baseRowId"] + json.loads(a["stats"])["numRecords"] - 1) for a in adds
     )
@@ -240,7 +254,12 @@ def test_ids_are_assigned_for_the_version_the_commit_lands_on(
     assert json.loads(domain["configuration"]) == {"rowIdHighWaterMark": mark + 2}
 
 
-def test_rows_of_a_file_with_a_deletion_vector_keep_their_physical_ids(spark: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize("persistent", [True, False], ids=["merge-on-read", "copy-on-write"])
+def test_rows_of_a_file_with_a_deletion_vector_keep_their_physical_ids(
+    spark: Any, tmp_path: Path, persistent: bool, request: pytest.FixtureRequest
+) -> None:
+    if not persistent:
+        request.getfixturevalue("copy_on_write")
     # Row 1 (id 2) of the first file is deleted: id 3, at index 2, must keep baseRowId + 2, not + 1.
     table = make_target(tmp_path / "t", kv([(1, "a"), (2, "b"), (3, "c")]), kv([(4, "d")]))
     files = live_files(table)
