@@ -22,7 +22,10 @@ _KEY_PARTS = frozenset({"ACCESS_KEY_ID", "SECRET_ACCESS_KEY", "SESSION_TOKEN"})
 # Words that make a storage option a secret: the job masks the values of such keys in its errors
 # (spark_jobs.delta_merge.log_store, which imports obstore and so is not imported here to parse DAGs;
 # a test keeps the two lists equal).
-SECRET_WORDS = ("secret", "token", "password", "sas", "signature", "credential", "account_key", "private")
+SECRET_WORDS = (
+    "secret", "token", "password", "sas", "signature", "credential", "account_key", "private", "master_key",
+    "encryption_key",
+)  # fmt: skip
 
 
 def amazon_provider_installed() -> bool:
