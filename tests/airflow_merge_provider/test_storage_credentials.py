@@ -109,8 +109,9 @@ def test_a_connection_without_a_secret_is_an_error_that_does_not_quote_it(
 
 
 def test_with_the_amazon_provider_its_hook_resolves_the_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
-    # The Amazon provider is not installed in this environment: a stand-in module of the same name plays
-    # AwsBaseHook, so the branch's own logic (what it asks the provider, how it maps the answer) is run.
+    # A stand-in module of the same name plays AwsBaseHook, so the branch's own logic (what it asks the
+    # provider, how it maps the answer) runs without STS; tests/object_storage/test_s3_amazon_provider.py
+    # runs the real provider against moto.
     asked: list[str] = []
 
     class FakeAwsBaseHook:
