@@ -45,13 +45,9 @@ SCHEMA = pa.schema([("id", pa.int64()), ("p", pa.string()), ("v", pa.string())])
 # (partition, ids) of the table's four data files, one append each: versions 0 to 3.
 FILES = (("a", range(1, 6)), ("a", range(6, 11)), ("b", range(11, 16)), ("b", range(16, 21)))
 INITIAL_VERSION = len(FILES) - 1
-# Delta's conflict classes a merge that lost to another merge may fail with (which one depends on the
-# order the rules are checked in; any of them means "nothing was committed, re-run").
-CONFLICT_CLASSES = (
-    "DELTA_CONCURRENT_APPEND",
-    "DELTA_CONCURRENT_DELETE_READ",
-    "DELTA_CONCURRENT_DELETE_DELETE",
-)
+# Delta's conflict classes a merge that lost to another merge fails with: the winner added files where
+# the loser read (checked first, as Delta's ConflictChecker does), or removed files the loser read.
+CONFLICT_CLASSES = ("DELTA_CONCURRENT_APPEND", "DELTA_CONCURRENT_DELETE_READ")
 SNAPSHOT_LINE = re.compile(r"MERGE into \S+ at version (\d+) ")
 COMMIT_FILE = re.compile(r"^(\d{20})\.json$")
 

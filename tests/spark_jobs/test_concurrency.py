@@ -156,8 +156,12 @@ CONFLICTS = [
     ("append-into-read-partition", PARTITIONED_MERGE, append("a", 100), "ConcurrentAppendException"),
     ("whole-table-read-append-elsewhere", WHOLE_TABLE_MERGE, append("b", 101), "ConcurrentAppendException"),
     ("nmbs-read-append-elsewhere", NMBS_MERGE, append("b", 101), "ConcurrentAppendException"),
-    ("delete-of-a-read-file", PARTITIONED_MERGE, delete("id = 7"), "ConcurrentDeleteReadException"),
-    ("delete-of-a-removed-file", PARTITIONED_MERGE, delete("id = 3"), "ConcurrentDeleteDeleteException"),
+    # Delta's ConflictChecker looks at added files before removed ones, and at removed files the merge read
+    # before those it removes too (a merge reads every file it removes).
+    ("delete-of-a-read-file", PARTITIONED_MERGE, delete("id >= 6 AND id <= 10"),
+     "ConcurrentDeleteReadException"),
+    ("delete-of-a-removed-file", PARTITIONED_MERGE, delete("id <= 5"), "ConcurrentDeleteReadException"),
+    ("rewrite-of-a-read-file", PARTITIONED_MERGE, delete("id = 7"), "ConcurrentAppendException"),
     # Compaction removes both read files (dataChange=false), one of which the merge removes too.
     ("compaction-of-read-files", PARTITIONED_MERGE, compact("a"), "ConcurrentDelete"),
     ("schema-change", PARTITIONED_MERGE, add_column, "MetadataChangedException"),

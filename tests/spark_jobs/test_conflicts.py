@@ -77,8 +77,19 @@ def test_remove_of_a_read_file_conflicts() -> None:
     assert conflict_rule([_info(), _remove("p=1/b.parquet")]) == "ConcurrentDeleteReadException"
 
 
-def test_remove_of_a_file_this_merge_removes_conflicts() -> None:
-    assert conflict_rule([_info(), _remove("p=1/a.parquet")]) == "ConcurrentDeleteDeleteException"
+def test_remove_of_a_file_this_merge_read_and_removes_is_a_delete_read_conflict() -> None:
+    # Delta's ConflictChecker checks removed files against read files first; a merge reads what it removes.
+    assert conflict_rule([_info(), _remove("p=1/a.parquet")]) == "ConcurrentDeleteReadException"
+
+
+def test_remove_of_a_file_removed_unread_is_a_delete_delete_conflict() -> None:
+    unread = ReadSet(**{**READ.__dict__, "read_paths": frozenset({"p=1/b.parquet"})})
+    assert conflict_rule([_info(), _remove("p=1/a.parquet")], unread) == "ConcurrentDeleteDeleteException"
+
+
+def test_added_files_are_checked_before_removed_ones() -> None:
+    rewrite = [_info(), _remove("p=1/b.parquet"), _add("p=1/rewritten.parquet", "1")]
+    assert conflict_rule(rewrite) == "ConcurrentAppendException"
 
 
 def test_compaction_of_a_read_file_conflicts_even_without_data_change() -> None:

@@ -80,7 +80,8 @@ def _validate_clauses(clauses: list[dict[str, str]]) -> Callable[[Context], obje
 
 # -- conflicts with concurrent commits (pure: the winning commit's actions are given) ------------------------
 READ = ReadSet(
-    whole_table=False, read_paths=frozenset({"p=a/read.parquet", "p=a/removed.parquet"}),
+    # The removed file left out of what was read: Delta checks removes against reads first.
+    whole_table=False, read_paths=frozenset({"p=a/read.parquet"}),
     removed_paths=frozenset({"p=a/removed.parquet"}), app_id="dag.task", app_version=3, token="ours",
 )
 

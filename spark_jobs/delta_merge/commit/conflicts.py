@@ -128,22 +128,8 @@ def check_winning_commit(
             f"update. {_RETRY}",
             "changed the table's schema or properties",
         )
-    for remove in _of(actions, "remove"):
-        path = remove.get("path")
-        if path in read.removed_paths:
-            raise _conflict(
-                version, "DELTA_CONCURRENT_DELETE_DELETE",
-                f"ConcurrentDeleteDeleteException: This transaction attempted to delete one or more files "
-                f"that were deleted (for example {path}) by a concurrent update. {_RETRY}",
-                f"removed {path}, a file this merge also removes",
-            )
-        if path in read.read_paths:
-            raise _conflict(
-                version, "DELTA_CONCURRENT_DELETE_READ",
-                f"ConcurrentDeleteReadException: This transaction attempted to read one or more files "
-                f"that were deleted (for example {path}) by a concurrent update. {_RETRY}",
-                f"removed {path}, a file this merge read",
-            )
+    # In the order of Delta's ConflictChecker: files added where the merge read, files removed that it
+    # read, files removed that it removes too.
     blind = info.get("isBlindAppend") is True
     if read.serializable or not blind:
         added = [added_file(a) for a in _of(actions, "add") if a.get("dataChange", True)]
@@ -153,6 +139,23 @@ def check_winning_commit(
                 f"ConcurrentAppendException: Files were added to {_where(added)} by a concurrent update. "
                 f"{_RETRY}",
                 f"added {len(added)} file(s) into what this merge read",
+            )
+    removed = [remove.get("path") for remove in _of(actions, "remove")]
+    for path in removed:
+        if path in read.read_paths:
+            raise _conflict(
+                version, "DELTA_CONCURRENT_DELETE_READ",
+                f"ConcurrentDeleteReadException: This transaction attempted to read one or more files "
+                f"that were deleted (for example {path}) by a concurrent update. {_RETRY}",
+                f"removed {path}, a file this merge read",
+            )
+    for path in removed:
+        if path in read.removed_paths:
+            raise _conflict(
+                version, "DELTA_CONCURRENT_DELETE_DELETE",
+                f"ConcurrentDeleteDeleteException: This transaction attempted to delete one or more files "
+                f"that were deleted (for example {path}) by a concurrent update. {_RETRY}",
+                f"removed {path}, a file this merge also removes",
             )
     return None
 
