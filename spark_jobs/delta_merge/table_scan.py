@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
@@ -84,24 +85,26 @@ def _read_live_rows(
         parts.append(df.withColumn(FILE_KEY_COLUMN, _file_key_column()) if with_file_key else df)
     if with_dv:
         store = log_store(snapshot.table_uri, snapshot.storage_options)
-        deleted = [
-            (file_key(snapshot, f), row)
-            for f in with_dv
-            if f.deletion_vector is not None
-            for row in deleted_rows(
-                store, snapshot.table_uri, f.deletion_vector, storage_options=snapshot.storage_options
-            )
-        ]
-        deleted_schema = StructType(
-            [StructField(FILE_KEY_COLUMN, StringType()), StructField(ROW_INDEX_COLUMN, LongType())]
-        )
+        # Built as Arrow columns, not Python tuples: a table merged on read holds millions of deleted rows.
+        keys: list[pa.Array] = []
+        indexes: list[pa.Array] = []
+        for f in with_dv:
+            assert f.deletion_vector is not None
+            rows = deleted_rows(store, snapshot.table_uri, f.deletion_vector,
+                                storage_options=snapshot.storage_options)  # fmt: skip
+            keys.append(pa.repeat(pa.scalar(file_key(snapshot, f), pa.string()), len(rows)))
+            indexes.append(pa.array(rows, pa.int64()))
+        deleted = pa.table({
+            FILE_KEY_COLUMN: pa.chunked_array(keys, pa.string()),
+            ROW_INDEX_COLUMN: pa.chunked_array(indexes, pa.int64()),
+        })  # fmt: skip
         df = (
             spark.read.schema(data_schema)
             .parquet(*[file_uri(snapshot, f) for f in with_dv])
             .withColumn(FILE_KEY_COLUMN, _file_key_column())
             .withColumn(ROW_INDEX_COLUMN, F.col("_metadata.row_index"))
             .join(
-                F.broadcast(spark.createDataFrame(deleted, deleted_schema)),
+                F.broadcast(spark.createDataFrame(deleted)),
                 [FILE_KEY_COLUMN, ROW_INDEX_COLUMN],
                 "left_anti",
             )
