@@ -258,11 +258,13 @@ def classic_merge(
         output = classic_output(source, target, plan=plan,
                                 copy_values=plan.copy_values, constraints=constraints,
                                 change_data=change_data, deduplicate_deletes=deduplicate,
-                                carried=carried + ((FILE_KEY_COLUMN, ROW_INDEX_COLUMN) if marking else ()))
+                                carried=carried + ((FILE_KEY_COLUMN, ROW_INDEX_COLUMN) if marking else ()),
+                                copies=not marking)
         if tracking is not None and hidden:
             output = with_materialized_columns(output, tracking, action_column=ACTION_COLUMN)
         if marking:
-            # Copied rows are neither written nor handed to Python: filtered in the JVM.
+            # Copied rows (matched rows no clause changes, and unmatched ones NOT MATCHED BY SOURCE
+            # clauses leave) are neither written nor handed to Python: filtered in the JVM.
             output = output.filter(F.col(ACTION_COLUMN) != int(Action.COPY))
     elif plan.clauses_of("not_matched"):
         # Nothing matched: like Delta's writeInsertsOnlyWhenNoMatches, only the inserts are written.

@@ -147,7 +147,7 @@ def _outputs(
 def classic_output(
     source: DataFrame, target: DataFrame, *, plan: MergePlan, copy_values: Sequence[Column],
     constraints: TableConstraints, change_data: bool = False, deduplicate_deletes: bool = False,
-    carried: Sequence[str] = (),
+    carried: Sequence[str] = (), copies: bool = True,
 ) -> DataFrame:
     """Join the source with the rows of the touched files and apply the clauses (ClassicMergeExecutor).
 
@@ -159,9 +159,16 @@ def classic_output(
         DELETE) are deleted once, so that they give one ``delete`` change row (Delta's
         deduplicateCDFDeletes); the row counts then need no compensation.
     :param carried: columns of ``target`` every output row keeps (NULL on rows without a target row).
+    :param copies: whether target rows no clause changes are wanted (as COPY rows). Without them and
+        without NOT MATCHED BY SOURCE clauses, target rows that match no source row are never produced:
+        the join keeps only the source side (merge-on-read writes changed rows only).
     """
     indexed = list(enumerate(plan.clauses))
-    how = "full_outer" if plan.clauses_of("not_matched") else "right_outer"
+    inserts = bool(plan.clauses_of("not_matched"))
+    if copies or plan.clauses_of("not_matched_by_source"):
+        how = "full_outer" if inserts else "right_outer"
+    else:
+        how = "left_outer" if inserts else "inner"
     target = target.withColumn(_TARGET_PRESENT, F.lit(True))
     if deduplicate_deletes:
         target = target.withColumn(_TARGET_ROW, F.monotonically_increasing_id())
