@@ -90,7 +90,8 @@ def test_updated_and_deleted_rows_are_marked_and_only_changed_rows_are_written(
 def test_a_second_merge_updates_the_vectors_and_a_file_left_without_rows_is_removed(
     spark: Any, tmp_path: Path
 ) -> None:
-    target = dv_table(tmp_path / "t", files=2, per_file=4)
+    # A checkpoint every 2 versions: the later merges read the vectors and stats back from checkpoints.
+    target = dv_table(tmp_path / "t", files=2, per_file=4, **{"delta.checkpointInterval": "2"})
     merge(spark, target, parquet_source(tmp_path / "s1", kv([(1, "x"), (2, "delete")])), UPSERT)
     first = live_files(target)
 
@@ -118,6 +119,7 @@ def test_a_second_merge_updates_the_vectors_and_a_file_left_without_rows_is_remo
     (readd,) = [a["add"] for a in log_actions(target, 4) if "add" in a and a["add"]["path"] in first]
     assert vector_rows(target, readd["deletionVector"]) == [1, 3]
     assert rows(target) == [(1, "x"), (4, "v4"), (5, "y"), (6, "v6"), (7, "z")]
+    assert (target / "_delta_log" / f"{4:020d}.checkpoint.parquet").exists()
 
 
 def test_copy_on_write_when_the_conf_turns_deletion_vectors_off(
