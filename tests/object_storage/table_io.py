@@ -3,6 +3,7 @@ table back both with deltalake on the store and with DuckDB's delta-kernel reade
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -10,12 +11,14 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.fs as pafs
 from deltalake import DeltaTable
+from obstore.store import ObjectStore
 
 from spark_jobs.delta_merge import run_merge
+from spark_jobs.delta_merge.log_store import write_commit
 from tests.delta_reader import read_rows, read_rows_with_kernel
 from tests.spark_jobs.scenario_harness import multiset
 
-__all__ = ["KV", "UPSERT", "download", "kv", "merge", "table_rows"]
+__all__ = ["KV", "UPSERT", "download", "kv", "merge", "race_for_commits", "table_rows"]
 
 UPSERT = """MERGE INTO t USING s ON t.id = s.id
 WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *"""
@@ -60,3 +63,22 @@ def table_rows(
     kernel = read_rows_with_kernel(copy, columns=compared)
     assert multiset(kernel) == multiset([[r[names.index(n)] for n in compared] for r in rows])
     return sorted(rows, key=repr)
+
+
+def race_for_commits(stores: Sequence[ObjectStore], version: int) -> list[int]:
+    """Every store writes commit ``version`` at once (a barrier, one thread each); returns the indexes of
+    the writers told they won. Put-if-absent must make that exactly one, whose actions are the file's."""
+    start = threading.Barrier(len(stores))
+    won: list[int] = []
+
+    def race(index: int) -> None:
+        start.wait()
+        if write_commit(stores[index], version, [{"commitInfo": {"writer": index}}]):
+            won.append(index)
+
+    threads = [threading.Thread(target=race, args=(i,)) for i in range(len(stores))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    return won

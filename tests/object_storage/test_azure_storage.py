@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import base64
 import logging
-import threading
 import traceback
 
 import pyarrow as pa
@@ -30,6 +29,7 @@ from spark_jobs.delta_merge.log_store import (
 )
 from spark_jobs.delta_merge.snapshot import load_snapshot
 from tests.azurite_server import ACCOUNT, ACCOUNT_KEY, AzuriteServer
+from tests.object_storage.table_io import race_for_commits
 
 # A well-formed key (64 bytes, base64) that is not the account's: the signature check must refuse it.
 WRONG_KEY = base64.b64encode(b"not-the-account-key-" * 3 + b"1234").decode()
@@ -110,21 +110,7 @@ def test_put_if_absent_is_conditional_on_azurite(azurite: AzuriteServer, contain
     # Six writers race for each of the next versions, each through its own store (own connections).
     stores = [log_store(uri, azurite.storage_options()) for _ in range(6)]
     for version in range(1, 4):
-        start = threading.Barrier(len(stores))
-        won: list[int] = []
-
-        def race(
-            index: int, version: int = version, start: threading.Barrier = start, won: list[int] = won
-        ) -> None:
-            start.wait()
-            if write_commit(stores[index], version, [{"commitInfo": {"writer": index}}]):
-                won.append(index)
-
-        threads = [threading.Thread(target=race, args=(i,)) for i in range(len(stores))]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(timeout=60)
+        won = race_for_commits(stores, version)
         assert len(won) == 1
         assert read_commit(store, version) == [{"commitInfo": {"writer": won[0]}}]
 

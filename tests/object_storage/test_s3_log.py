@@ -37,6 +37,7 @@ from spark_jobs.delta_merge.log_store import log_store, write_commit
 from spark_jobs.delta_merge.snapshot import load_snapshot
 from tests.delta_reader import read_rows
 from tests.object_storage.s3_tables import create_table, log_names, plan, upload_directory, write_file
+from tests.object_storage.table_io import race_for_commits
 from tests.s3_server import S3Server
 from tests.spark_jobs.deletion_vector_fixture import add_deletion_vectors
 
@@ -116,21 +117,7 @@ def test_put_if_absent_is_conditional_on_the_server(s3_server: S3Server, bucket:
     # Eight writers race for each of the next versions, each through its own store (own connections).
     stores = [log_store(f"s3://{bucket}/raw", s3_server.storage_options()) for _ in range(8)]
     for version in range(1, 6):
-        start = threading.Barrier(len(stores))
-        won: list[int] = []
-
-        def race(
-            index: int, version: int = version, start: threading.Barrier = start, won: list[int] = won
-        ) -> None:
-            start.wait()
-            if write_commit(stores[index], version, [{"commitInfo": {"writer": index}}]):
-                won.append(index)
-
-        threads = [threading.Thread(target=race, args=(i,)) for i in range(len(stores))]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(timeout=60)
+        won = race_for_commits(stores, version)
         assert len(won) == 1
         key = f"raw/_delta_log/{version:020d}.json"
         body = s3_server.client().get_object(Bucket=bucket, Key=key)["Body"].read()
