@@ -563,7 +563,8 @@ def run_one(
     dv_note = ""
     if engine in JOB_ENGINES:
         record["deletion_vectors"] = dv = deletion_vector_counts(outcome)
-        dv_note = f", {dv['added'] + dv['updated']:>4} DVs, marked {dv['rows_marked']:>10,} rows"
+        if deletion_vectors:
+            dv_note = f", {dv['added'] + dv['updated']:>4} DVs, marked {dv['rows_marked']:>10,} rows"
     note = "  WRONG RESULT: " + "; ".join(problems) if problems else ""
     print(
         f"    {engine:<9} {record['seconds']:8.3f} s  removed {outcome.files_removed:>4} files, "
