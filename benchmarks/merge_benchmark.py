@@ -36,13 +36,18 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from deltalake import DeltaTable, write_deltalake
+from deltalake import DeltaTable, QueryBuilder, write_deltalake
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, SparkSession
 
 ROOT = Path(__file__).resolve().parents[1]
 ENGINES = ("job", "delta-rs", "naive")
+# --deletion-vectors: the job merging on read (its default on such a table), the same job copying on write
+# (Delta's spark.databricks.delta.merge.deletionVectors.persistent=false for its runs), and delta-rs.
+DV_ENGINES = ("job", "job-cow", "delta-rs")
+ALL_ENGINES = (*ENGINES, "job-cow")
+JOB_ENGINES = ("job", "job-cow")
 STRING_LEN = 20
 _ALPHABET = np.frombuffer(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789", dtype=np.uint8)
 _CHUNK_ROWS = 1_000_000  # rows generated at a time: ~60 MB of Arrow data, whatever the table size
@@ -134,22 +139,31 @@ UPSERT_5 = "upsert_fileMatchedFraction_0.05_rowMatchedFraction_0.1_rowNotMatched
 UPSERT_50 = "upsert_fileMatchedFraction_0.5_rowMatchedFraction_0.01_rowNotMatchedFraction_0.001"
 UPSERT_100 = "upsert_fileMatchedFraction_1.0_rowMatchedFraction_0.01_rowNotMatchedFraction_0.001"
 DEFAULT_CASES = (INSERT_ONLY, DELETE_ONLY, UPSERT_5, UPSERT_50, UPSERT_100)
+DV_CASES = (UPSERT_5, UPSERT_50, UPSERT_100)
 
 
 @dataclass(frozen=True)
 class Target:
-    """A performance goal: the job's median at most ``max_ratio`` times the naive rewrite's."""
+    """A performance goal: the job's median at most ``max_ratio`` times the ``base`` engine's."""
 
     label: str
     case: str
     max_ratio: float
     no_file_removed: bool = False
+    base: str = "naive"
+    merge_on_read: bool = False  # the job's runs must have written deletion vectors
 
 
 TARGETS = (
     Target("5%-of-files upsert <= 0.15x naive", UPSERT_5, 0.15),
     Target("insert-only <= 0.08x naive, no file removed", INSERT_ONLY, 0.08, no_file_removed=True),
     Target("100%-of-files upsert <= 1.0x naive", UPSERT_100, 1.0),
+)
+# --deletion-vectors: merge-on-read against the job's copy-on-write and delta-rs, on the same table.
+DV_TARGETS = (
+    Target("100%-of-files upsert <= 0.5x delta-rs", UPSERT_100, 0.5, base="delta-rs", merge_on_read=True),
+    Target("100%-of-files upsert <= 0.3x job-cow", UPSERT_100, 0.3, base="job-cow", merge_on_read=True),
+    Target("5%-of-files upsert <= 1.0x job-cow", UPSERT_5, 1.0, base="job-cow", merge_on_read=True),
 )
 
 
@@ -208,23 +222,42 @@ def _chunks(rng: np.random.Generator, low: int, high: int) -> Iterator[pa.Record
         yield from _columns(rng, ids).to_batches()
 
 
-def build_target(path: Path, layout: Layout, *, seed: int) -> None:
-    """Write the table one file per append, so that file ``i`` holds exactly ``layout.bounds(i)``."""
+def build_target(path: Path, layout: Layout, *, seed: int, deletion_vectors: bool = False) -> None:
+    """Write the table one file per append, so that file ``i`` holds exactly ``layout.bounds(i)``;
+    with ``deletion_vectors``, created with ``delta.enableDeletionVectors=true`` (protocol 3/7)."""
+    configuration = {"delta.enableDeletionVectors": "true"} if deletion_vectors else None
     for index in range(layout.files):
         rng = np.random.default_rng([seed, index])
         reader = pa.RecordBatchReader.from_batches(_SCHEMA, _chunks(rng, *layout.bounds(index)))
         # A huge target size keeps each append in one file, whatever its size.
-        write_deltalake(str(path), reader, mode="append", target_file_size=1 << 40)
+        write_deltalake(
+            str(path),
+            reader,
+            mode="append",
+            target_file_size=1 << 40,
+            configuration=configuration if index == 0 else None,  # set when the first append creates it
+        )
     table = DeltaTable(str(path))
     table.create_checkpoint()  # the merges then read one checkpoint, not one commit per file
     if len(table.file_uris()) != layout.files:
         raise RuntimeError(f"built {len(table.file_uris())} files at {path}, expected {layout.files}")
+    if deletion_vectors and table.metadata().configuration.get("delta.enableDeletionVectors") != "true":
+        raise RuntimeError(f"built {path} without delta.enableDeletionVectors=true")
 
 
-def ensure_pristine(work: Path, layout: Layout, *, seed: int, rebuild: bool) -> dict[str, Any]:
-    """Build the pristine table once; reuse it while rows, files, seed and format are unchanged."""
-    pristine, marker = work / "pristine", work / "pristine.json"
+def pristine_dir(work: Path, *, deletion_vectors: bool) -> Path:
+    """The pristine table of the work dir: one with deletion vectors enabled lives next to the other."""
+    return work / ("pristine-dv" if deletion_vectors else "pristine")
+
+
+def ensure_pristine(
+    work: Path, layout: Layout, *, seed: int, rebuild: bool, deletion_vectors: bool = False
+) -> dict[str, Any]:
+    """Build the pristine table once; reuse it while rows, files, seed, format and kind are unchanged."""
+    pristine = pristine_dir(work, deletion_vectors=deletion_vectors)
+    marker = pristine.with_suffix(".json")
     wanted = {"rows": layout.rows, "files": layout.files, "seed": seed, "format": _BUILD_FORMAT}
+    wanted |= {"deletion_vectors": True} if deletion_vectors else {}
     if not rebuild and marker.exists() and pristine.exists():
         info: dict[str, Any] = json.loads(marker.read_text())
         if {key: info.get(key) for key in wanted} == wanted:
@@ -232,9 +265,12 @@ def ensure_pristine(work: Path, layout: Layout, *, seed: int, rebuild: bool) -> 
             return info
     shutil.rmtree(pristine, ignore_errors=True)
     marker.unlink(missing_ok=True)
-    print(f"building a {layout.rows:,}-row, {layout.files}-file Delta table in {pristine} ...", flush=True)
+    kind = " deletion-vector" if deletion_vectors else ""
+    print(
+        f"building a {layout.rows:,}-row, {layout.files}-file{kind} Delta table in {pristine} ...", flush=True
+    )
     started = time.perf_counter()
-    build_target(pristine, layout, seed=seed)
+    build_target(pristine, layout, seed=seed, deletion_vectors=deletion_vectors)
     table_bytes = sum(f.stat().st_size for f in pristine.glob("*.parquet"))
     info = wanted | {"build_seconds": time.perf_counter() - started, "bytes": table_bytes}
     marker.write_text(json.dumps(info))
@@ -294,14 +330,21 @@ class Outcome:
 Engine = Callable[[MergeCase, SourceInfo, Path, Path], Outcome]
 
 
-def job_engine(spark: SparkSession) -> Engine:
-    """This project's job, in-process: ``run_merge(spark, spec_dict)``."""
+def job_engine(spark: SparkSession, *, copy_on_write: bool = False) -> Engine:
+    """This project's job, in-process: ``run_merge(spark, spec_dict)``; with ``copy_on_write``, with
+    Delta's ``spark.databricks.delta.merge.deletionVectors.persistent=false`` set for the run (the touched
+    files of a deletion-vector table are rewritten, as on any other table)."""
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
     from spark_jobs.delta_merge import run_merge
+    from spark_jobs.delta_merge.deletion_vector_updates import PERSISTENT_DELETION_VECTORS_CONF
 
     def run(case: MergeCase, source: SourceInfo, target: Path, scratch: Path) -> Outcome:
-        metrics = run_merge(spark, job_spec(case, source, target)).to_dict()
+        if copy_on_write:
+            with _session_conf(spark, PERSISTENT_DELETION_VECTORS_CONF, "false"):
+                metrics = run_merge(spark, job_spec(case, source, target)).to_dict()
+        else:
+            metrics = run_merge(spark, job_spec(case, source, target)).to_dict()
         spark.catalog.clearCache()
         return Outcome(
             metrics["numTargetFilesRemoved"],
@@ -425,11 +468,31 @@ def naive_outcome(outcome: Outcome, source: SourceInfo) -> Outcome:
     )
 
 
-def rows_after(engine: str, outcome: Outcome, target: Path) -> int:
-    """Rows in the result: the table's row count (from its stats), or the naive output's."""
+def rows_after(engine: str, outcome: Outcome, target: Path, *, live: bool = False) -> int:
+    """Rows in the result: the table's row count (from its stats), or the naive output's. With ``live``,
+    the rows a scan returns (deltalake's ``count(*)``, which honours deletion vectors; the stats'
+    ``numRecords`` still count the rows a vector deletes)."""
     if engine == "naive":
         return int(outcome.raw["output_rows"])
-    return DeltaTable(str(target)).count()
+    table = DeltaTable(str(target))
+    if not live:
+        return table.count()
+    result = QueryBuilder().register("t", table).execute("SELECT count(*) AS n FROM t").read_all()
+    return int(pa.table(result).column("n")[0].as_py())
+
+
+def deletion_vector_counts(outcome: Outcome) -> dict[str, int]:
+    """The job's deletion vector metrics; ``rows_marked`` (rows updated or deleted, marked in vectors
+    instead of rewritten) is 0 when the run wrote no vector (copy-on-write)."""
+    raw = outcome.raw
+    counts = {
+        "added": int(raw.get("numTargetDeletionVectorsAdded", 0)),
+        "updated": int(raw.get("numTargetDeletionVectorsUpdated", 0)),
+        "removed": int(raw.get("numTargetDeletionVectorsRemoved", 0)),
+    }
+    marking = counts["added"] + counts["updated"] > 0
+    counts["rows_marked"] = outcome.rows_updated + outcome.rows_deleted if marking else 0
+    return counts
 
 
 # ---------------------------------------------------------------------------------------- running
@@ -457,11 +520,19 @@ def start_spark(driver_memory: str) -> SparkSession:
 
 
 def run_one(
-    engine: str, run: Engine, case: MergeCase, source: SourceInfo, work: Path, *, repeat: int, warmup: bool
+    engine: str,
+    run: Engine,
+    case: MergeCase,
+    source: SourceInfo,
+    work: Path,
+    *,
+    repeat: int,
+    warmup: bool,
+    deletion_vectors: bool = False,
 ) -> dict[str, Any]:
     """Restore the table, run one engine once, time it, check the result against the expected one."""
     target, scratch = work / "target", work / "scratch"
-    restore(work / "pristine", target)
+    restore(pristine_dir(work, deletion_vectors=deletion_vectors), target)
     shutil.rmtree(scratch, ignore_errors=True)
     scratch.mkdir()
     gc.collect()
@@ -476,7 +547,7 @@ def run_one(
     record["seconds"] = time.perf_counter() - started
     if engine == "naive":
         outcome = naive_outcome(outcome, source)
-    result_rows = rows_after(engine, outcome, target)
+    result_rows = rows_after(engine, outcome, target, live=deletion_vectors)
     got = {
         "inserted": outcome.rows_inserted,
         "updated": outcome.rows_updated,
@@ -489,10 +560,15 @@ def run_one(
         if got[key] != want
     ]
     record |= {"outcome": asdict(outcome), "rows_after": result_rows, "problems": problems}
+    dv_note = ""
+    if engine in JOB_ENGINES:
+        record["deletion_vectors"] = dv = deletion_vector_counts(outcome)
+        if deletion_vectors:
+            dv_note = f", {dv['added'] + dv['updated']:>4} DVs, marked {dv['rows_marked']:>10,} rows"
     note = "  WRONG RESULT: " + "; ".join(problems) if problems else ""
     print(
         f"    {engine:<9} {record['seconds']:8.3f} s  removed {outcome.files_removed:>4} files, "
-        f"added {outcome.files_added:>4}, copied {outcome.rows_copied:>12,} rows{note}",
+        f"added {outcome.files_added:>4}, copied {outcome.rows_copied:>12,} rows{dv_note}{note}",
         flush=True,
     )
     return record
@@ -518,7 +594,8 @@ def summarize(
             if good:
                 seconds = [r["seconds"] for r in good]
                 median = statistics.median(seconds)
-                closest = min(good, key=lambda r: abs(r["seconds"] - median))["outcome"]
+                closest_run = min(good, key=lambda r: abs(r["seconds"] - median))
+                closest = closest_run["outcome"]
                 medians[engine] = median
                 row |= {
                     "median_seconds": median,
@@ -529,31 +606,43 @@ def summarize(
                     "rows_copied": closest["rows_copied"],
                     "wrong_results": sum(bool(r["problems"]) for r in good),
                 }
+                if "deletion_vectors" in closest_run:  # the job's runs
+                    dv = closest_run["deletion_vectors"]
+                    row |= {"deletion_vectors": dv["added"] + dv["updated"], "rows_marked": dv["rows_marked"]}
             rows.append(row)
+        bases = (
+            ("naive", "ratio_vs_naive"),
+            ("delta-rs", "ratio_vs_delta_rs"),
+            ("job-cow", "ratio_vs_job_cow"),
+        )
         for row in rows[-len(engines) :]:
-            for base, key in (("naive", "ratio_vs_naive"), ("delta-rs", "ratio_vs_delta_rs")):
+            for base, key in bases:
                 mine, theirs = row["median_seconds"], medians.get(base)
                 row[key] = mine / theirs if mine is not None and theirs else None
     return rows
 
 
-def check_targets(summary: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Each goal of TARGETS: PASS, FAIL, or n/a when its case or an engine was not measured."""
+def check_targets(
+    summary: Sequence[Mapping[str, Any]], targets: Sequence[Target] = TARGETS
+) -> list[dict[str, Any]]:
+    """Each goal of ``targets``: PASS, FAIL, or n/a when its case or an engine was not measured."""
     results = []
-    for goal in TARGETS:
+    for goal in targets:
         job = next((r for r in summary if r["case"] == goal.case and r["engine"] == "job"), None)
-        ratio = job.get("ratio_vs_naive") if job else None
+        ratio = job.get(f"ratio_vs_{goal.base.replace('-', '_')}") if job else None
         result: dict[str, Any] = asdict(goal) | {"ratio": ratio, "status": "n/a", "detail": ""}
         if job is None or ratio is None:
-            result["detail"] = "needs the case and the job and naive engines measured"
+            result["detail"] = f"needs the case and the job and {goal.base} engines measured"
         else:
-            fails = [f"{ratio:.3f}x naive > {goal.max_ratio}x"] if ratio > goal.max_ratio else []
+            fails = [f"{ratio:.3f}x {goal.base} > {goal.max_ratio}x"] if ratio > goal.max_ratio else []
             if goal.no_file_removed and job["files_removed"]:
                 fails.append(f"{job['files_removed']} file(s) removed")
+            if goal.merge_on_read and not job.get("deletion_vectors"):
+                fails.append("the job wrote no deletion vector (not merge-on-read)")
             if job["wrong_results"]:
                 fails.append("wrong results")
             result["status"] = "FAIL" if fails else "PASS"
-            result["detail"] = "; ".join(fails) or f"{ratio:.3f}x naive"
+            result["detail"] = "; ".join(fails) or f"{ratio:.3f}x {goal.base}"
         results.append(result)
     return results
 
@@ -563,10 +652,13 @@ def _fmt(value: Any, spec: str, width: int) -> str:
 
 
 def print_report(summary: Sequence[Mapping[str, Any]], targets: Sequence[Mapping[str, Any]]) -> None:
-    """The summary table (one block per case) and the goals."""
+    """The summary table (one block per case) and the goals; the job-cow and deletion vector columns
+    only when the job-cow engine ran."""
+    with_cow = any(row["engine"] == "job-cow" for row in summary)
     header = (
         f"  {'engine':<9} {'median s':>9} {'runs':>4} {'files removed':>13} {'files added':>11} "
         f"{'rows copied':>13} {'x naive':>8} {'x delta-rs':>10}"
+        + (f" {'x job-cow':>9} {'DVs':>5} {'rows marked':>12}" if with_cow else "")
     )
     print("\n== medians ==")
     for index, row in enumerate(summary):
@@ -577,9 +669,16 @@ def print_report(summary: Sequence[Mapping[str, Any]], targets: Sequence[Mapping
             f"{_fmt(row.get('files_removed'), ',', 13)} {_fmt(row.get('files_added'), ',', 11)} "
             f"{_fmt(row.get('rows_copied'), ',', 13)} {_fmt(row.get('ratio_vs_naive'), '.3f', 8)} "
             f"{_fmt(row.get('ratio_vs_delta_rs'), '.2f', 10)}"
+            + (
+                f" {_fmt(row.get('ratio_vs_job_cow'), '.3f', 9)} {_fmt(row.get('deletion_vectors'), ',', 5)} "
+                f"{_fmt(row.get('rows_marked'), ',', 12)}"
+                if with_cow
+                else ""
+            )
             + (f"  ({row['wrong_results']} wrong result(s))" if row.get("wrong_results") else "")
         )
-    print("\n== targets (this job vs naive Spark full rewrite) ==")
+    bases = ", ".join(dict.fromkeys(goal["base"] for goal in targets))
+    print(f"\n== targets (this job vs {bases}) ==")
     for goal in targets:
         print(f"  {goal['status']:<4}  {goal['label']:<45} {goal['detail']}")
 
@@ -644,8 +743,9 @@ def plot(results: Mapping[str, Any], path: Path) -> bool:
     axes.set_yscale("log")
     axes.set_ylabel("median seconds (log scale)")
     config = results["config"]
+    kind = " deletion-vector" if config.get("deletion_vectors") else ""
     axes.set_title(
-        f"MERGE on a {config['rows']:,}-row, {config['files']}-file Delta table "
+        f"MERGE on a {config['rows']:,}-row, {config['files']}-file{kind} Delta table "
         f"(median of {config['repeats']})"
     )
     axes.legend()
@@ -687,16 +787,24 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--cases",
         nargs="+",
-        default=list(DEFAULT_CASES),
+        default=None,
         metavar="CASE",
-        help="Delta's case names, or 'all' (default: the five of the README's table)",
+        help="Delta's case names, or 'all' (default: the five of the README's table; with "
+        "--deletion-vectors, the upserts on 5%%, 50%% and 100%% of the files)",
     )
     parser.add_argument(
         "--engines",
         nargs="+",
-        default=list(ENGINES),
-        choices=ENGINES,
-        help="engines, run in this order (default: all)",
+        default=None,
+        choices=ALL_ENGINES,
+        help="engines, run in this order (default: job delta-rs naive; with --deletion-vectors, "
+        "job job-cow delta-rs)",
+    )
+    parser.add_argument(
+        "--deletion-vectors",
+        action="store_true",
+        help="merge a table with delta.enableDeletionVectors=true: the job merges on read; job-cow is the "
+        "same job with spark.databricks.delta.merge.deletionVectors.persistent=false",
     )
     parser.add_argument(
         "--out",
@@ -722,6 +830,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--verbose", action="store_true", help="show the job's own log lines")
     args = parser.parse_args(argv)
+    if args.cases is None:
+        args.cases = list(DV_CASES if args.deletion_vectors else DEFAULT_CASES)
+    if args.engines is None:
+        args.engines = list(DV_ENGINES if args.deletion_vectors else ENGINES)
     if args.cases == ["all"]:
         args.cases = list(CASES)
     unknown = [case for case in args.cases if case not in CASES]
@@ -753,7 +865,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     load = machine["load_average_at_start"][0]
     if load > 0.5:
         print(f"WARNING: load average {load:.1f} at start: other work is running, timings are unreliable")
-    table = ensure_pristine(work, layout, seed=args.seed, rebuild=args.rebuild)
+    dv = args.deletion_vectors
+    table = ensure_pristine(work, layout, seed=args.seed, rebuild=args.rebuild, deletion_vectors=dv)
     sources_dir = work / "sources"
     shutil.rmtree(sources_dir, ignore_errors=True)
     sources_dir.mkdir()
@@ -771,6 +884,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     spark = start_spark(args.driver_memory)
     makers: dict[str, Callable[[], Engine]] = {
         "job": lambda: job_engine(spark),
+        "job-cow": lambda: job_engine(spark, copy_on_write=True),
         "delta-rs": lambda: delta_rs_engine,
         "naive": lambda: naive_engine(spark),
     }
@@ -788,7 +902,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"[{label}] {case.name}", flush=True)
                 for name, run in engines.items():
                     runs.append(
-                        run_one(name, run, case, sources[case.name], work, repeat=repeat, warmup=warmup)
+                        run_one(
+                            name,
+                            run,
+                            case,
+                            sources[case.name],
+                            work,
+                            repeat=repeat,
+                            warmup=warmup,
+                            deletion_vectors=dv,
+                        )
                     )
     finally:
         spark.stop()
@@ -797,7 +920,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.clean:
             shutil.rmtree(work, ignore_errors=True)
     summary = summarize(runs, args.cases, args.engines)
-    targets = check_targets(summary)
+    targets = check_targets(summary, DV_TARGETS if dv else TARGETS)
     print_report(summary, targets)
     machine["load_average_at_end"] = os.getloadavg()
     results = {
