@@ -89,11 +89,25 @@ def race_before_commit(monkeypatch: pytest.MonkeyPatch, winner: Callable[[], Non
     return raced
 
 
+WINNERS = [
+    # The winner marks id 5 and writes its new version: files added where the loser read, which Delta's
+    # ConflictChecker looks at first.
+    ("marks-a-row", [(5, "winner")], "ConcurrentAppendException", {5: "winner"}, [5]),
+    # The winner deletes every row of the loser's file: it removes the file and adds nothing, so the
+    # conflict is a removed file the loser read.
+    ("empties-the-file", [(i, "delete") for i in range(10)], "ConcurrentDeleteReadException",
+     dict.fromkeys(range(10)), None),
+]
+
+
+@pytest.mark.parametrize(("winner_rows", "rule", "winner_changes", "winner_vector"), [w[1:] for w in WINNERS],
+                         ids=[w[0] for w in WINNERS])
 def test_two_merges_marking_rows_of_one_file_conflict_and_the_winner_stays(
-    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, winner_rows: list[tuple[int, str]],
+    rule: str, winner_changes: dict[int, str | None], winner_vector: list[int] | None,
 ) -> None:
     target = dv_table(tmp_path / "t", files=2, per_file=10)  # ids 0-9, 10-19; versions 0, 1
-    winner_source = parquet_source(tmp_path / "winner", kv([(5, "winner")]))
+    winner_source = parquet_source(tmp_path / "winner", kv(winner_rows))
     loser_source = parquet_source(tmp_path / "loser", kv([(3, "loser"), (7, "delete")]))
     winner_metrics: list[dict[str, Any]] = []
 
@@ -104,19 +118,18 @@ def test_two_merges_marking_rows_of_one_file_conflict_and_the_winner_stays(
     with pytest.raises(ConcurrentModificationError) as raised:
         run_merge(spark, spec(target, loser_source, UPSERT, app_id=APP_ID, app_version=1))
 
-    # Both read the whole table (no target-only predicate): the winner's new files are where the loser
-    # read, which Delta's ConflictChecker looks at first.
-    assert raised.value.bare_message.startswith(("ConcurrentAppendException", "ConcurrentDeleteReadException"))
+    assert raised.value.bare_message.startswith(rule), str(raised.value)
+    assert "version 2, committed after this merge read the table" in str(raised.value)
     assert "Nothing was committed" in str(raised.value)
     (won,) = winner_metrics
     assert won["tableVersion"] == table_version(target) == 2
-    assert won["numTargetDeletionVectorsAdded"] == 1
     assert DeltaTable(str(target)).transaction_version(APP_ID) is None
-    expected = {i: f"v{i}" for i in range(20)} | {5: "winner"}
-    assert rows(target) == sorted(expected.items())
-    (readd,) = readds_with_vectors(target, 2).values()
-    assert vector_rows(target, readd["deletionVector"]) == [5]
-    assert live_files(target)[readd["path"]]["deletionVector"] == readd["deletionVector"]
+    expected = {i: f"v{i}" for i in range(20)} | winner_changes
+    assert rows(target) == sorted((i, v) for i, v in expected.items() if v is not None)
+    vectors = [vector_rows(target, add["deletionVector"]) for add in live_files(target).values()
+               if "deletionVector" in add]  # fmt: skip
+    assert vectors == ([] if winner_vector is None else [winner_vector])
+    assert not vector_files(target)  # the loser's one-row vectors went inline: nothing else was stored
 
 
 def test_merges_marking_rows_of_different_partitions_both_commit_with_their_vectors(
@@ -215,6 +228,19 @@ def test_change_data_feed_of_a_merge_on_read_gives_exactly_the_changed_rows(spar
         (50, "n50", "insert"),
     ]  # fmt: skip
     assert any("cdc" in a for a in log_actions(target, 2))
+
+    # Again over the vectors: 12 is deleted by one (an insert now, no preimage from the hidden row), 4 is in
+    # a file with a vector (updated), 3 lives in the file the first merge wrote.
+    again = parquet_source(tmp_path / "s2", kv([(12, "back"), (4, "again4"), (3, "again3")]))
+    metrics = run_merge(spark, spec(target, again, UPSERT)).to_dict()
+
+    assert (metrics["numTargetRowsInserted"], metrics["numTargetRowsUpdated"]) == (1, 2)
+    assert metrics["numTargetDeletionVectorsUpdated"] == 1
+    assert rows(target) == sorted((expected | {12: "back", 4: "again4", 3: "again3"}).items())
+    assert changes(target, 3) == [
+        (3, "again3", "update_postimage"), (3, "new3", "update_preimage"), (4, "again4", "update_postimage"),
+        (4, "v4", "update_preimage"), (12, "back", "insert"),
+    ]  # fmt: skip
 
 
 # -- partitioned, NOT MATCHED BY SOURCE -----------------------------------------------------------------
