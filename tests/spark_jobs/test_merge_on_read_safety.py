@@ -301,3 +301,26 @@ def test_an_emptied_file_is_removed_and_an_untouched_file_stays_out_of_the_commi
     assert (metrics["numTargetFilesRemoved"], metrics["numTargetDeletionVectorsAdded"]) == (1, 1)
     expected = {i: f"v{i}" for i in range(4, 12)} | {6: "six"}
     assert rows(target) == sorted(expected.items())
+
+
+# -- the log written by other writers -------------------------------------------------------------------
+def test_a_vector_added_before_its_files_remove_in_the_log_is_still_the_files_vector(
+    spark: Any, tmp_path: Path
+) -> None:
+    target = dv_table(tmp_path / "t", files=1, per_file=10)
+    run_merge(spark, spec(target, parquet_source(tmp_path / "s1", kv([(3, "x")])), UPSERT))
+    # The same commit with its adds first: as valid (Delta reconciles by path and vector id), as other
+    # writers may order it. A replay by path alone dropped the file's vector: row 3 came back, and the next
+    # merge committed a second live entry for the file, duplicating every row.
+    commit_file = target / "_delta_log" / f"{1:020d}.json"
+    lines = commit_file.read_text(encoding="utf-8").splitlines()
+    commit_file.write_text("\n".join(sorted(lines, key=lambda line: '"add"' not in line)) + "\n")
+    assert json.loads(commit_file.read_text(encoding="utf-8").splitlines()[0]).keys() == {"add"}
+    assert rows(target) == sorted(({i: f"v{i}" for i in range(10)} | {3: "x"}).items())
+
+    metrics = run_merge(spark, spec(target, parquet_source(tmp_path / "s2", kv([(5, "y")])), UPSERT)).to_dict()
+
+    assert metrics["numTargetDeletionVectorsUpdated"] == 1
+    assert rows(target) == sorted(({i: f"v{i}" for i in range(10)} | {3: "x", 5: "y"}).items())
+    (readd,) = readds_with_vectors(target, 2).values()
+    assert vector_rows(target, readd["deletionVector"]) == [3, 5]
