@@ -248,10 +248,11 @@ def test_not_matched_by_source_marks_the_right_rows_across_partitions(spark: Any
     files = [[(i, p, i % 10) for i in range(start, start + 10)]
              for p, start in (("a", 0), ("a", 10), ("b", 20), ("b", 30))]  # fmt: skip
     target = partitioned_dv_table(tmp_path / "t", files)
-    source_rows = [(5, "a", 100), (25, "b", 100), (40, "b", 100)]
+    # Id 5 moves from partition a to b: marked in its file, written to the other partition.
+    source_rows = [(5, "b", 100), (25, "b", 100), (40, "b", 100)]
     source = parquet_source(tmp_path / "s", pkv(source_rows))
     sql = """MERGE INTO t USING s ON t.id = s.id
-        WHEN MATCHED THEN UPDATE SET v = s.v
+        WHEN MATCHED THEN UPDATE SET v = s.v, p = s.p
         WHEN NOT MATCHED THEN INSERT *
         WHEN NOT MATCHED BY SOURCE AND t.v < 2 THEN DELETE
         WHEN NOT MATCHED BY SOURCE AND t.v >= 8 AND t.p = 'b' THEN UPDATE SET v = -t.v"""
@@ -263,7 +264,7 @@ def test_not_matched_by_source_marks_the_right_rows_across_partitions(spark: Any
     by_source = {i: (p, v) for i, p, v in source_rows}
     for i, (p, v) in list(model.items()):
         if i in by_source:
-            model[i] = (p, by_source[i][1])
+            model[i] = by_source[i]
         elif v < 2:
             del model[i]
         elif v >= 8 and p == "b":
