@@ -123,7 +123,8 @@ def replay_log(store: ObjectStore, version: int) -> LogState:
 
 
 def _apply(
-    actions: list[dict[str, Any]], adds: dict[tuple[str, str | None], Mapping[str, Any]],
+    actions: list[dict[str, Any]],
+    adds: dict[tuple[str, str | None], Mapping[str, Any]],
     domains: dict[str, str],
 ) -> None:
     # Keyed by (path, deletion vector id), as Delta's log replay reconciles file actions: a commit that
