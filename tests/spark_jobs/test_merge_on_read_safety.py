@@ -21,8 +21,10 @@ from spark_jobs.delta_merge import run_merge
 from spark_jobs.delta_merge.deletion_vectors import z85_encode
 from spark_jobs.delta_merge.errors import ConcurrentModificationError
 from tests.delta_reader import read_rows, read_rows_with_kernel, table_version
+from tests.spark_jobs.table_feature_fixtures import enable_features
 from tests.spark_jobs.test_merge_on_read import ENABLED, UPSERT, dv_table, rows, vector_rows
 from tests.spark_jobs.test_pipeline import kv, live_files, log_actions, parquet_source
+from tests.spark_jobs.test_row_tracking import stable_ids
 
 pytestmark = pytest.mark.spark
 
@@ -372,3 +374,21 @@ def test_vectors_survive_the_checkpoint_a_merge_writes(spark: Any, tmp_path: Pat
     assert rows(target) == sorted((expected | {7: "z"}).items())
     (readd,) = readds_with_vectors(target, 3).values()
     assert vector_rows(target, readd["deletionVector"]) == [3, 5, 7]
+
+
+def test_row_tracking_keeps_stable_row_ids_of_marked_files_and_moved_rows(spark: Any, tmp_path: Path) -> None:
+    target = dv_table(tmp_path / "t", files=1, per_file=5)
+    assert enable_features(target, row_tracking=True) == 1
+    before = stable_ids(target)
+
+    source = parquet_source(tmp_path / "s", kv([(2, "new2"), (4, "delete"), (9, "n9")]))
+    run_merge(spark, spec(target, source, UPSERT))
+
+    after = stable_ids(target)
+    assert rows(target) == [(0, "v0"), (1, "v1"), (2, "new2"), (3, "v3"), (9, "n9")]
+    # The file's untouched rows keep their ids and commit versions; the updated row keeps its id and
+    # takes the merge's version; the inserted row gets a new id.
+    assert {i: after[i] for i in (0, 1, 3)} == {i: before[i] for i in (0, 1, 3)}
+    assert after[2] == (before[2][0], 2)
+    assert after[9][0] not in {row_id for row_id, _ in before.values()}
+    assert after[9][1] == 2
