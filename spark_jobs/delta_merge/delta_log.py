@@ -103,7 +103,7 @@ def replay_log(store: ObjectStore, version: int) -> LogState:
     :param store: the store rooted at the table (see :func:`~spark_jobs.delta_merge.log_store.log_store`).
     """
     start, actions = _checkpoint_actions(store, version)
-    adds: dict[str, Mapping[str, Any]] = {}
+    adds: dict[tuple[str, str | None], Mapping[str, Any]] = {}
     domains: dict[str, str] = {}
     commit_info: Mapping[str, Any] = {}
     _apply(actions, adds, domains)
@@ -116,26 +116,36 @@ def replay_log(store: ObjectStore, version: int) -> LogState:
         commit_info = _commit_info_if_kept(store, version)
     timestamp = commit_info.get("inCommitTimestamp")
     return LogState(
-        files={path: AddFields.from_action(add) for path, add in adds.items()},
+        files={path: AddFields.from_action(add) for (path, _), add in adds.items()},
         domains=domains,
         in_commit_timestamp=None if timestamp is None else int(timestamp),
     )
 
 
 def _apply(
-    actions: list[dict[str, Any]], adds: dict[str, Mapping[str, Any]], domains: dict[str, str]
+    actions: list[dict[str, Any]],
+    adds: dict[tuple[str, str | None], Mapping[str, Any]],
+    domains: dict[str, str],
 ) -> None:
+    # Keyed by (path, deletion vector id), as Delta's log replay reconciles file actions: a commit that
+    # gives a file a new vector holds its add and the remove of the old vector, in an order the protocol
+    # leaves open, so with a key of the path alone an add listed first would drop the file from the replay.
     for action in actions:
         if action.get("remove"):
-            adds.pop(action["remove"]["path"], None)
+            adds.pop(_file_key(action["remove"]), None)
         elif action.get("add"):
-            adds[action["add"]["path"]] = action["add"]
+            adds[_file_key(action["add"])] = action["add"]
         elif action.get("domainMetadata"):
             domain = action["domainMetadata"]
             if domain.get("removed"):
                 domains.pop(domain["domain"], None)
             else:
                 domains[domain["domain"]] = str(domain["configuration"])
+
+
+def _file_key(action: Mapping[str, Any]) -> tuple[str, str | None]:
+    vector = action.get("deletionVector")
+    return str(action["path"]), DeletionVector.from_action(vector).unique_id if vector else None
 
 
 def _commit_info_if_kept(store: ObjectStore, version: int) -> Mapping[str, Any]:
