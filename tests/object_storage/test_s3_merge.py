@@ -192,6 +192,7 @@ def test_change_data_feed(spark: Any, s3_server: S3Server, bucket: str, tmp_path
     assert all(a["path"].startswith("_change_data/") for a in cdc)
 
 
+@pytest.mark.usefixtures("copy_on_write")  # merge-on-read on S3: test_s3_merge_on_read.py
 def test_table_with_deletion_vectors(spark: Any, s3_server: S3Server, bucket: str, tmp_path: Path) -> None:
     local = tmp_path / "local"
     write_deltalake(str(local), pa.table({"id": pa.array(range(6), pa.int64()), "p": ["a"] * 3 + ["b"] * 3}),
