@@ -241,6 +241,7 @@ def classic_merge(
     check_writable(snapshot, removes_files=bool(removes))
     log.info("%d of %d candidate files touched", len(removes), len(candidates))
     started = time.monotonic()
+    uncounted_source = source
     source, second_scan_rows = counted(source, "merge_source_rows_second_scan")
     # Delta's deduplicateCDFDeletes: with the change data feed, a target row deleted by several matches
     # is deleted once; without it, the counts are compensated below.
@@ -255,11 +256,23 @@ def classic_merge(
         target = scan_files(spark, snapshot, removes, row_tracking=tracking,
                             with_file_key=marking, with_row_index=marking)  # fmt: skip
         carried = (ROW_ID_COLUMN, ROW_COMMIT_VERSION_COLUMN) if hidden else ()
+        # Merge-on-read without NOT MATCHED BY SOURCE clauses needs no target row that matches nothing: the
+        # matched rows come from an inner join (which Spark broadcasts a small source into instead of
+        # shuffling every row of the touched files), the inserts from an anti join on the join keys.
+        separate_inserts = marking and not plan.clauses_of("not_matched_by_source")
         output = classic_output(source, target, plan=plan,
                                 copy_values=plan.copy_values, constraints=constraints,
                                 change_data=change_data, deduplicate_deletes=deduplicate,
                                 carried=carried + ((FILE_KEY_COLUMN, ROW_INDEX_COLUMN) if marking else ()),
-                                copies=not marking)
+                                copies=not marking, inserts=not separate_inserts)
+        if separate_inserts and plan.clauses_of("not_matched"):
+            inserted = insert_only_output(uncounted_source, target, plan=plan.only_inserts(),
+                                          constraints=constraints)  # fmt: skip
+            output = output.unionByName(inserted, allowMissingColumns=True)
+            if not snapshot.partition_columns:
+                # The union has both sides' partitions, each writing its own file: let AQE size the
+                # (changed rows only) output instead, as the writer does for partitioned tables.
+                output = output.hint("rebalance")
         if tracking is not None and hidden:
             output = with_materialized_columns(output, tracking, action_column=ACTION_COLUMN)
         if marking:

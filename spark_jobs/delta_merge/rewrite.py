@@ -147,7 +147,7 @@ def _outputs(
 def classic_output(
     source: DataFrame, target: DataFrame, *, plan: MergePlan, copy_values: Sequence[Column],
     constraints: TableConstraints, change_data: bool = False, deduplicate_deletes: bool = False,
-    carried: Sequence[str] = (), copies: bool = True,
+    carried: Sequence[str] = (), copies: bool = True, inserts: bool = True,
 ) -> DataFrame:
     """Join the source with the rows of the touched files and apply the clauses (ClassicMergeExecutor).
 
@@ -160,15 +160,17 @@ def classic_output(
         deduplicateCDFDeletes); the row counts then need no compensation.
     :param carried: columns of ``target`` every output row keeps (NULL on rows without a target row).
     :param copies: whether target rows no clause changes are wanted (as COPY rows). Without them and
-        without NOT MATCHED BY SOURCE clauses, target rows that match no source row are never produced:
-        the join keeps only the source side (merge-on-read writes changed rows only).
+        without NOT MATCHED BY SOURCE clauses, target rows that match no source row are never produced.
+    :param inserts: whether source rows that match no target row go through the NOT MATCHED clauses here;
+        without them and without copies the join is an inner join, which Spark may broadcast the source
+        into (the caller writes the inserts with :func:`insert_only_output`).
     """
     indexed = list(enumerate(plan.clauses))
-    inserts = bool(plan.clauses_of("not_matched"))
+    inserting = inserts and bool(plan.clauses_of("not_matched"))
     if copies or plan.clauses_of("not_matched_by_source"):
-        how = "full_outer" if inserts else "right_outer"
+        how = "full_outer" if inserting else "right_outer"
     else:
-        how = "left_outer" if inserts else "inner"
+        how = "left_outer" if inserting else "inner"
     target = target.withColumn(_TARGET_PRESENT, F.lit(True))
     if deduplicate_deletes:
         target = target.withColumn(_TARGET_ROW, F.monotonically_increasing_id())
