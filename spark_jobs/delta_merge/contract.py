@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from spark_jobs.delta_merge.errors import DETERMINISTIC_ERRORS, MergeJobError, MergeSpecError
 from spark_jobs.delta_merge.expectations import failed_expectations
 from spark_jobs.delta_merge.metrics import DELTA_METRIC_NAMES, MergeMetrics
-from spark_jobs.delta_merge.spec import is_secret_option
+from spark_jobs.delta_merge.storage_secrets import is_secret_option
 
 if TYPE_CHECKING:
     from spark_jobs.delta_merge.spec import MergeSpec

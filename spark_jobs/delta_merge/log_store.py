@@ -22,7 +22,7 @@ from obstore.store import LocalStore, ObjectStore, from_url
 
 from spark_jobs.delta_merge.azure_options import AZURE_SCHEMES, check_azure_options
 from spark_jobs.delta_merge.errors import TableStorageError
-from spark_jobs.delta_merge.spec import is_secret_option
+from spark_jobs.delta_merge.storage_secrets import is_secret_option
 
 __all__ = [
     "commit_path",

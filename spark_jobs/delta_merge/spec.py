@@ -42,23 +42,8 @@ __all__ = [
     "SourceSpec",
     "TargetSpec",
     "format_column_path",
-    "is_secret_option",
     "parse_column_path",
 ]
-
-# Words (and endings) of storage option keys whose values are secrets: never shown in a message, a log
-# record, XCom or on a command line. Shared by the job's masking and the operator's deploy-mode checks.
-_SECRET_WORDS = (
-    "secret", "token", "password", "sas", "signature", "credential", "account_key", "private", "master_key",
-    "encryption_key",
-)  # fmt: skip
-_SECRET_SUFFIXES = ("access_key",)
-
-
-def is_secret_option(key: str) -> bool:
-    """Whether the storage option ``key`` holds a secret (its value is never shown)."""
-    name = key.lower()
-    return any(word in name for word in _SECRET_WORDS) or name.endswith(_SECRET_SUFFIXES)
 
 _SOURCE_FORMATS = ("delta", "parquet", "csv", "json", "orc")
 # pyspark.StorageLevel's names (the job looks the level up there), NONE left out: it would not materialize.
