@@ -50,8 +50,13 @@ ARROW_FIELD_ID_KEY = b"PARQUET:field_id"
 MODES = ("none", "name", "id")
 
 
-def mapping_mode(configuration: Mapping[str, str]) -> str:
-    """The table's column mapping mode, lower-cased (``none`` when the property is unset)."""
+def mapping_mode(configuration: Mapping[str, str], *, supported: bool = True) -> str:
+    r"""The table's column mapping mode, lower-cased: ``none`` when the property is unset, or when the
+    protocol does not ``support``\ column mapping (PROTOCOL.md "Column Mapping": writer version 5 or 6,
+    or 7 with the ``columnMapping`` feature). Then the property has no effect and the files hold logical
+    names, as deltalake writes a table created with the property on protocol 3/7 without the feature."""
+    if not supported:
+        return "none"
     for key, value in configuration.items():
         if key.lower() == MODE_PROPERTY.lower():
             return str(value).lower()
@@ -221,20 +226,25 @@ def _assigned_type(data_type: DataType, old: DataType | None, counter: list[int]
     return data_type
 
 
-def map_new_fields(configuration: Mapping[str, str], old: StructType, new: StructType) -> StructType:
-    """For a column-mapped table: ``new`` (``old`` evolved) with mapping for its new fields; as it is
-    otherwise. Ids continue from the larger of ``delta.columnMapping.maxColumnId`` and the ids in use, so
-    a table whose property lags behind its schema never gets an id twice."""
-    if mapping_mode(configuration) == "none":
+def map_new_fields(
+    configuration: Mapping[str, str], old: StructType, new: StructType, *, mode: str
+) -> StructType:
+    """For a column-mapped table (``mode`` not ``none``): ``new`` (``old`` evolved) with mapping for its
+    new fields; as it is otherwise. Ids continue from the larger of ``delta.columnMapping.maxColumnId``
+    and the ids in use, so a table whose property lags behind its schema never gets an id twice."""
+    if mode == "none":
         return new
     current = max(int(configuration.get(MAX_COLUMN_ID_PROPERTY, "0") or 0), _max_id(old))
     return assign_column_mapping(old, new, current)[0]
 
 
-def max_column_id_update(configuration: Mapping[str, str], schema: StructType) -> dict[str, str]:
-    """The ``delta.columnMapping.maxColumnId`` to commit with ``schema``: PROTOCOL.md wants it moved in
-    the commit that introduces the columns. Nothing when the property already covers every id."""
-    if mapping_mode(configuration) == "none":
+def max_column_id_update(
+    configuration: Mapping[str, str], schema: StructType, *, mode: str
+) -> dict[str, str]:
+    """The ``delta.columnMapping.maxColumnId`` to commit with ``schema`` of a table in column mapping
+    ``mode``: PROTOCOL.md wants it moved in the commit that introduces the columns. Nothing when the
+    property already covers every id."""
+    if mode == "none":
         return {}
     highest = _max_id(schema)
     if highest <= int(configuration.get(MAX_COLUMN_ID_PROPERTY, "0") or 0):

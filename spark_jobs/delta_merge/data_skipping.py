@@ -22,7 +22,7 @@ from pyspark.sql.types import (
 )
 from sqlglot import exp
 
-from spark_jobs.delta_merge.column_mapping import mapping_mode, partition_keys, physical_name
+from spark_jobs.delta_merge.column_mapping import partition_keys, physical_name
 from spark_jobs.delta_merge.expressions import parse_expression, render
 from spark_jobs.delta_merge.files import LiveFile
 from spark_jobs.delta_merge.partition_values import parse_partition_value
@@ -167,7 +167,7 @@ def prune_files(
         fields += [StructField(f"__min_{index}", StringType()), StructField(f"__max_{index}", StringType()),
                    StructField(f"__nulls_{index}", LongType())]
     # Partition values and stats are keyed as in the log: by physical name in column-mapped tables.
-    mode = mapping_mode(snapshot.configuration)
+    mode = snapshot.column_mapping_mode
     keys = partition_keys(schema, part_names, mode)
     rows = []
     for position, live in enumerate(files):

@@ -135,7 +135,8 @@ def _run_attempt(
         options=spec.options,
     )
     # New columns of a column-mapped table need their physical names before anything is written.
-    mapped = map_new_fields(snapshot.configuration, snapshot.schema, plan.final_schema)
+    mapped = map_new_fields(snapshot.configuration, snapshot.schema, plan.final_schema,
+                            mode=snapshot.column_mapping_mode)
     plan = replace(plan, final_schema=mapped)
     source = materialize_source(
         source_read, columns=plan.source_columns, options=spec.options, insert_only=parsed.is_insert_only,

@@ -39,6 +39,13 @@ class TableProtocol:
     reader_features: frozenset[str] = frozenset()
     writer_features: frozenset[str] = frozenset()
 
+    @property
+    def supports_column_mapping(self) -> bool:
+        """Writer version 5 or 6, or 7 listing the ``columnMapping`` feature (PROTOCOL.md)."""
+        if self.min_writer_version >= 7:
+            return "columnMapping" in self.writer_features
+        return self.min_writer_version >= 5
+
 
 @dataclass(frozen=True)
 class TargetSnapshot:
@@ -75,6 +82,11 @@ class TargetSnapshot:
         paths = {_file_key(self.table_uri, f.path): f.path for f in self.files}
         object.__setattr__(self, "_paths", paths)
 
+    @property
+    def column_mapping_mode(self) -> str:
+        """``none``, ``name`` or ``id``: the property where the protocol supports column mapping."""
+        return mapping_mode(self.configuration, supported=self.protocol.supports_column_mapping)
+
 
 def load_snapshot(
     uri: str, *, storage_options: Mapping[str, str] | None = None, version: int | None = None
@@ -103,8 +115,15 @@ def load_snapshot(
     schema = spark_schema_from_delta(schema_json)
     partition_columns = tuple(metadata.partition_columns)
     table_uri = table.table_uri.rstrip("/")
+    protocol = TableProtocol(
+        min_reader_version=protocol_versions.min_reader_version,
+        min_writer_version=protocol_versions.min_writer_version,
+        reader_features=frozenset(protocol_versions.reader_features or ()),
+        writer_features=frozenset(protocol_versions.writer_features or ()),
+    )
     # deltalake gives partition values by logical name; the log (and every LiveFile) keys them physically.
-    keys = partition_keys(schema, partition_columns, mapping_mode(metadata.configuration))
+    mode = mapping_mode(metadata.configuration, supported=protocol.supports_column_mapping)
+    keys = partition_keys(schema, partition_columns, mode)
     files = tuple(_live_file(row, keys, log_state) for row in actions.to_pylist())
     return TargetSnapshot(
         table_uri=table_uri,
@@ -113,12 +132,7 @@ def load_snapshot(
         schema_json=schema_json,
         partition_columns=partition_columns,
         configuration=dict(metadata.configuration),
-        protocol=TableProtocol(
-            min_reader_version=protocol_versions.min_reader_version,
-            min_writer_version=protocol_versions.min_writer_version,
-            reader_features=frozenset(protocol_versions.reader_features or ()),
-            writer_features=frozenset(protocol_versions.writer_features or ()),
-        ),
+        protocol=protocol,
         metadata_id=str(metadata.id),
         files=files,
         storage_options=dict(storage_options or {}),

@@ -21,7 +21,6 @@ from deltalake import DeltaTable, write_deltalake
 
 from spark_jobs.delta_merge import run_merge
 from spark_jobs.delta_merge.arrow_scan import is_object_store
-from spark_jobs.delta_merge.column_mapping import mapping_mode
 from spark_jobs.delta_merge.errors import MergeAnalysisError, MergeJobError
 from spark_jobs.delta_merge.files import LiveFile
 from spark_jobs.delta_merge.row_tracking import row_tracking
@@ -150,7 +149,7 @@ def test_the_arrow_reader_gives_what_spark_reads_from_the_same_table_on_disk(
     on_disk = load_snapshot(str(local))
     on_s3 = load_snapshot(f"s3://{bucket}/same", storage_options=s3_server.storage_options())
     assert (on_disk.version, len(on_disk.files)) == (on_s3.version, len(on_s3.files))
-    assert mapping_mode(on_s3.configuration) == ("name" if layout == "column_mapped" else "none")
+    assert on_s3.column_mapping_mode == ("name" if layout == "column_mapped" else "none")
 
     def scanned(snapshot: Any) -> tuple[Any, list[str]]:
         tracking = row_tracking(snapshot)

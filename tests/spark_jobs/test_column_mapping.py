@@ -426,7 +426,7 @@ def test_new_fields_get_the_next_ids_at_any_depth_and_old_ones_keep_theirs() -> 
     ])
     config = {"delta.columnMapping.mode": "name", "delta.columnMapping.maxColumnId": "5"}
 
-    mapped = map_new_fields(config, old, new)
+    mapped = map_new_fields(config, old, new, mode="name")
 
     ids = {path: (i, p) for path, (p, i) in mapping_of(json.loads(mapped.json())["fields"]).items()}
     assert {path: i for path, (i, _) in ids.items()} == {
@@ -435,9 +435,9 @@ def test_new_fields_get_the_next_ids_at_any_depth_and_old_ones_keep_theirs() -> 
     assert all(PHYSICAL.match(ids[path][1]) for path in ("s.b", "m", "m.z"))
     assert mapped["s"].dataType["b"].metadata["comment"] == "kept"  # type: ignore[index]
     assert "parquet.field.id" not in mapped["s"].dataType["b"].metadata  # type: ignore[index]
-    assert max_column_id_update(config, mapped) == {"delta.columnMapping.maxColumnId": "8"}
-    assert max_column_id_update(config, old) == {}
-    assert map_new_fields({}, old, new) is new
+    assert max_column_id_update(config, mapped, mode="name") == {"delta.columnMapping.maxColumnId": "8"}
+    assert max_column_id_update(config, old, mode="name") == {}
+    assert map_new_fields({}, old, new, mode="none") is new
 
 
 def test_arrow_and_spark_read_schemas_carry_physical_names_and_ids() -> None:

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from spark_jobs.delta_merge.column_mapping import mapping_mode, max_column_id_update
+from spark_jobs.delta_merge.column_mapping import max_column_id_update
 from spark_jobs.delta_merge.commit.actions import plan_commit
 from spark_jobs.delta_merge.commit.conflicts import ReadSet
 from spark_jobs.delta_merge.commit.idempotency import applied_metrics
@@ -51,7 +51,7 @@ def commit_merge(
     # Moved identity high-water marks are a schema change committed with the data, as in Delta.
     final_schema = with_moved_high_water_marks(
         plan.final_schema, plan.tracked_identity, outcome.adds, table_uri=snapshot.table_uri,
-        column_mapping_mode=mapping_mode(snapshot.configuration), storage_options=snapshot.storage_options,
+        column_mapping_mode=snapshot.column_mapping_mode, storage_options=snapshot.storage_options,
     )
     commit_plan = plan_commit(
         snapshot,
@@ -60,7 +60,8 @@ def commit_merge(
         change_files=outcome.change_files,
         readds=outcome.readds,
         new_schema=final_schema if final_schema != plan.target_schema else None,
-        configuration_updates=max_column_id_update(snapshot.configuration, final_schema),
+        configuration_updates=max_column_id_update(snapshot.configuration, final_schema,
+                                                   mode=snapshot.column_mapping_mode),
         operation_parameters=_operation_parameters(plan),
         operation_metrics=metrics.operation_metrics(),
         app_transaction=_app_transaction(spec),

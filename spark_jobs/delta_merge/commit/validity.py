@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 from pyspark.sql.types import StructType
 
 from spark_jobs.delta_merge.arrow_store import arrow_filesystem
-from spark_jobs.delta_merge.column_mapping import mapping_mode, partition_keys, physical_arrow_schema
+from spark_jobs.delta_merge.column_mapping import partition_keys, physical_arrow_schema
 from spark_jobs.delta_merge.errors import MergeExecutionError
 from spark_jobs.delta_merge.files import LiveFile, WrittenFile
 from spark_jobs.delta_merge.log_store import storage_errors
@@ -49,7 +49,7 @@ def check_commit_files(
     problems += [f"adds {path!r}, {reason}" for path, reason in misplaced.items()]
     placed = [f for f in adds if f.path not in misplaced]
     if placed:
-        mode = mapping_mode(snapshot.configuration)
+        mode = snapshot.column_mapping_mode
         keys = set(partition_keys(schema, snapshot.partition_columns, mode).values())
         expected = pa.schema([f for f in physical_arrow_schema(schema, arrow_schema(schema), mode)
                               if f.name not in keys])
@@ -79,7 +79,7 @@ def _action_problems(
     if len(set(added)) != len(added) or set(added) & live:
         yield "adds a path twice or a path that is already live"
     expected = set(partition_keys(snapshot.schema, snapshot.partition_columns,
-                                  mapping_mode(snapshot.configuration)).values())
+                                  snapshot.column_mapping_mode).values())
     if bad := [f.path for f in adds if set(f.partition_values) != expected]:
         yield f"adds files whose partition values do not name {sorted(expected)}: {bad[:_SHOWN]}"
 
