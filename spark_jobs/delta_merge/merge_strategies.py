@@ -14,7 +14,6 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StructField, StructType
 
-from spark_jobs.delta_merge.column_mapping import mapping_mode
 from spark_jobs.delta_merge.data_skipping import partition_count, prune_files
 from spark_jobs.delta_merge.deletion_vector_updates import mark_rows, writes_deletion_vectors
 from spark_jobs.delta_merge.errors import ConstraintViolationError, spark_failure
@@ -32,11 +31,13 @@ from spark_jobs.delta_merge.rewrite import (
     Action,
     classic_output,
     insert_only_output,
+    matched_output,
 )
 from spark_jobs.delta_merge.row_counter import counted
 from spark_jobs.delta_merge.row_tracking import (
     ROW_COMMIT_VERSION_COLUMN,
     ROW_ID_COLUMN,
+    RowTracking,
     row_tracking,
     with_materialized_columns,
 )
@@ -47,7 +48,13 @@ from spark_jobs.delta_merge.table_features import (
     check_writable,
     table_constraints,
 )
-from spark_jobs.delta_merge.table_scan import FILE_KEY_COLUMN, ROW_INDEX_COLUMN, file_key, scan_files
+from spark_jobs.delta_merge.table_scan import (
+    FILE_KEY_COLUMN,
+    ROW_INDEX_COLUMN,
+    file_key,
+    scan_files,
+    scan_for_join,
+)
 from spark_jobs.delta_merge.touched_files import TouchedFiles, find_touched_files
 from spark_jobs.delta_merge.write import write_empty_change_file, write_merge_output
 
@@ -133,7 +140,7 @@ def _write(
             target_file_size=target_file_size,
             num_indexed_cols=int(snapshot.configuration.get("delta.dataSkippingNumIndexedCols", "32")),
             job_description=description,
-            column_mapping_mode=mapping_mode(snapshot.configuration),
+            column_mapping_mode=snapshot.column_mapping_mode,
             storage_options=snapshot.storage_options,
             mark_codes=[int(a) for a in MARKED_ACTIONS] if marking else (),
             mark_columns=(FILE_KEY_COLUMN, ROW_INDEX_COLUMN) if marking else None,
@@ -223,6 +230,44 @@ def insert_only_merge(
     return MergeOutcome(MergeMetrics(**values), (), adds, tuple(candidates))
 
 
+def _marked_rows_and_inserts(
+    spark: SparkSession, source: DataFrame, uncounted_source: DataFrame, *, snapshot: TargetSnapshot,
+    plan: MergePlan, removes: tuple[LiveFile, ...], tracking: RowTracking | None,
+    constraints: TableConstraints, change_data: bool, deduplicate_deletes: bool, carried: tuple[str, ...],
+) -> DataFrame:
+    """Merge-on-read without NOT MATCHED BY SOURCE clauses: no target row that matches nothing is needed.
+
+    The changed rows come from an inner join of the source with the touched files (which Spark
+    broadcasts a small source into, reading only the target columns the statement uses, instead of
+    shuffling every row of the files), the inserts from an anti join of the source with the target rows
+    that join found (small, so broadcast too) rather than with every row of the files.
+    """
+    target = scan_for_join(spark, snapshot, removes, row_tracking=tracking)
+    joined = target.complete(source.alias(plan.source_alias).join(
+        target.rows.alias(plan.target_alias), on=F.expr(plan.condition), how="inner",
+    ))  # fmt: skip
+    output = matched_output(joined, plan=plan, constraints=constraints, change_data=change_data,
+                            deduplicate_deletes=deduplicate_deletes,
+                            carried=(*carried, FILE_KEY_COLUMN, ROW_INDEX_COLUMN))  # fmt: skip
+    if tracking is not None and carried:
+        output = with_materialized_columns(output, tracking, action_column=ACTION_COLUMN)
+    # Matched rows no clause changes stay in their files: neither written nor handed to Python.
+    output = output.filter(F.col(ACTION_COLUMN) != int(Action.COPY))
+    if not plan.clauses_of("not_matched"):
+        return output
+    # Every target row some source row matches is in `joined`: the touched files are all files with a match.
+    quoted = [f.name.replace("`", "``") for f in snapshot.schema.fields]
+    matched_targets = joined.select(*[F.col(f"`{plan.target_alias}`.`{c}`") for c in quoted])
+    inserted = insert_only_output(uncounted_source, matched_targets, plan=plan.only_inserts(),
+                                  constraints=constraints)  # fmt: skip
+    output = output.unionByName(inserted, allowMissingColumns=True)
+    if not snapshot.partition_columns:
+        # The union has both sides' partitions, each writing its own file: let AQE size the
+        # (changed rows only) output instead, as the writer does for partitioned tables.
+        output = output.hint("rebalance")
+    return output
+
+
 def classic_merge(
     spark: SparkSession, source: DataFrame, *, snapshot: TargetSnapshot, plan: MergePlan,
     candidates: list[LiveFile], constraints: TableConstraints, target_file_size: int, dry_run: bool,
@@ -231,8 +276,8 @@ def classic_merge(
     started = time.monotonic()
     with _stage(spark, "MERGE operation - scanning files for matches"):
         if candidates:
-            target = scan_files(spark, snapshot, candidates, with_file_key=True)
-            touched = find_touched_files(source, target, plan=plan, all_candidate_keys=list(by_key))
+            candidate_rows = scan_for_join(spark, snapshot, candidates)
+            touched = find_touched_files(source, candidate_rows, plan=plan, all_candidate_keys=list(by_key))
         else:
             # An empty join side would let Spark skip the source scan, so count the source directly.
             touched = TouchedFiles(frozenset(), 0, source.count())
@@ -252,32 +297,25 @@ def classic_merge(
     hidden = tracking.materialized_columns if tracking is not None and removes else ()
     # Merge-on-read: changed rows are marked in deletion vectors, copies stay in their files.
     marking = bool(removes) and writes_deletion_vectors(spark, snapshot)
-    if removes:
+    carried = (ROW_ID_COLUMN, ROW_COMMIT_VERSION_COLUMN) if hidden else ()
+    if marking and not plan.clauses_of("not_matched_by_source"):
+        # Removes are never empty when marking.
+        output = _marked_rows_and_inserts(
+            spark, source, uncounted_source, snapshot=snapshot, plan=plan, removes=removes, tracking=tracking,
+            constraints=constraints, change_data=change_data, deduplicate_deletes=deduplicate,
+            carried=carried,
+        )
+    elif removes:
         target = scan_files(spark, snapshot, removes, row_tracking=tracking,
                             with_file_key=marking, with_row_index=marking)  # fmt: skip
-        carried = (ROW_ID_COLUMN, ROW_COMMIT_VERSION_COLUMN) if hidden else ()
-        # Merge-on-read without NOT MATCHED BY SOURCE clauses needs no target row that matches nothing: the
-        # matched rows come from an inner join (which Spark broadcasts a small source into instead of
-        # shuffling every row of the touched files), the inserts from an anti join on the join keys.
-        separate_inserts = marking and not plan.clauses_of("not_matched_by_source")
         output = classic_output(source, target, plan=plan,
                                 copy_values=plan.copy_values, constraints=constraints,
                                 change_data=change_data, deduplicate_deletes=deduplicate,
-                                carried=carried + ((FILE_KEY_COLUMN, ROW_INDEX_COLUMN) if marking else ()),
-                                copies=not marking, inserts=not separate_inserts)
-        if separate_inserts and plan.clauses_of("not_matched"):
-            inserted = insert_only_output(uncounted_source, target, plan=plan.only_inserts(),
-                                          constraints=constraints)  # fmt: skip
-            output = output.unionByName(inserted, allowMissingColumns=True)
-            if not snapshot.partition_columns:
-                # The union has both sides' partitions, each writing its own file: let AQE size the
-                # (changed rows only) output instead, as the writer does for partitioned tables.
-                output = output.hint("rebalance")
+                                carried=carried + ((FILE_KEY_COLUMN, ROW_INDEX_COLUMN) if marking else ()))
         if tracking is not None and hidden:
             output = with_materialized_columns(output, tracking, action_column=ACTION_COLUMN)
         if marking:
-            # Copied rows (matched rows no clause changes, and unmatched ones NOT MATCHED BY SOURCE
-            # clauses leave) are neither written nor handed to Python: filtered in the JVM.
+            # Unmatched rows NOT MATCHED BY SOURCE clauses leave are neither written nor handed to Python.
             output = output.filter(F.col(ACTION_COLUMN) != int(Action.COPY))
     elif plan.clauses_of("not_matched"):
         # Nothing matched: like Delta's writeInsertsOnlyWhenNoMatches, only the inserts are written.
@@ -315,7 +353,7 @@ def classic_merge(
         change_files = (write_empty_change_file(
             table_root=snapshot.table_uri, schema=plan.final_schema,
             partition_columns=snapshot.partition_columns, partition_values=removes[0].partition_values,
-            column_mapping_mode=mapping_mode(snapshot.configuration),
+            column_mapping_mode=snapshot.column_mapping_mode,
             storage_options=snapshot.storage_options,
         ),)
     if touched.extra_matches and not deduplicate:

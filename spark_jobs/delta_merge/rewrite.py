@@ -17,6 +17,7 @@ from spark_jobs.delta_merge.constraints import VIOLATION_COLUMN, apply_constrain
 from spark_jobs.delta_merge.identity_columns import with_identity_slots
 from spark_jobs.delta_merge.merge_plan import MergePlan, ResolvedClause
 from spark_jobs.delta_merge.table_features import TableConstraints
+from spark_jobs.delta_merge.table_scan import FILE_KEY_COLUMN, ROW_INDEX_COLUMN
 
 __all__ = [
     "ACTION_COLUMN",
@@ -29,6 +30,7 @@ __all__ = [
     "Action",
     "classic_output",
     "insert_only_output",
+    "matched_output",
 ]
 
 ACTION_COLUMN = "__merge_action"
@@ -102,11 +104,11 @@ def _first_clause(clauses: Sequence[tuple[int, ResolvedClause]], default: int) -
 
 def _outputs(
     df: DataFrame, plan: MergePlan, copy_values: Sequence[Column], constraints: TableConstraints,
-    *, preimage: bool = False, carried: Sequence[str] = (),
+    *, preimage: Sequence[Column] = (), carried: Sequence[str] = (),
 ) -> DataFrame:
-    """The final columns, the action code and the constraint verdict, from a frame with the clause index;
-    with ``preimage``, also the target row as it was (``copy_values``) as :data:`PREIMAGE_PREFIX` columns;
-    ``carried`` columns of the frame pass through unchanged."""
+    """The final columns, the action code and the constraint verdict, from a frame with the clause index
+    (``copy_values`` for the rows no clause writes); the ``preimage`` values (the target row as it was)
+    as :data:`PREIMAGE_PREFIX` columns; ``carried`` columns of the frame pass through unchanged."""
     clause_col = F.col(_CLAUSE_COLUMN)
     drawing = [index for index, clause in enumerate(plan.clauses) if clause.draws_identity]
     if drawing:
@@ -129,8 +131,7 @@ def _outputs(
     for index, clause in enumerate(plan.clauses):
         action = action.when(clause_col == index, F.lit(int(_code(clause))))
     columns.append(action.otherwise(F.lit(int(Action.SOURCE_UNMATCHED))).cast("tinyint").alias(ACTION_COLUMN))
-    if preimage:
-        columns += [value.alias(f"{PREIMAGE_PREFIX}{i}") for i, value in enumerate(copy_values)]
+    columns += [value.alias(f"{PREIMAGE_PREFIX}{i}") for i, value in enumerate(preimage)]
     selected = df.select(*columns, *[F.col(c) for c in carried], clause_col)
     generate = {}
     for field in plan.final_schema.fields:
@@ -147,7 +148,7 @@ def _outputs(
 def classic_output(
     source: DataFrame, target: DataFrame, *, plan: MergePlan, copy_values: Sequence[Column],
     constraints: TableConstraints, change_data: bool = False, deduplicate_deletes: bool = False,
-    carried: Sequence[str] = (), copies: bool = True, inserts: bool = True,
+    carried: Sequence[str] = (),
 ) -> DataFrame:
     """Join the source with the rows of the touched files and apply the clauses (ClassicMergeExecutor).
 
@@ -159,18 +160,9 @@ def classic_output(
         DELETE) are deleted once, so that they give one ``delete`` change row (Delta's
         deduplicateCDFDeletes); the row counts then need no compensation.
     :param carried: columns of ``target`` every output row keeps (NULL on rows without a target row).
-    :param copies: whether target rows no clause changes are wanted (as COPY rows). Without them and
-        without NOT MATCHED BY SOURCE clauses, target rows that match no source row are never produced.
-    :param inserts: whether source rows that match no target row go through the NOT MATCHED clauses here;
-        without them and without copies the join is an inner join, which Spark may broadcast the source
-        into (the caller writes the inserts with :func:`insert_only_output`).
     """
     indexed = list(enumerate(plan.clauses))
-    inserting = inserts and bool(plan.clauses_of("not_matched"))
-    if copies or plan.clauses_of("not_matched_by_source"):
-        how = "full_outer" if inserting else "right_outer"
-    else:
-        how = "left_outer" if inserting else "inner"
+    how = "full_outer" if plan.clauses_of("not_matched") else "right_outer"
     target = target.withColumn(_TARGET_PRESENT, F.lit(True))
     if deduplicate_deletes:
         target = target.withColumn(_TARGET_ROW, F.monotonically_increasing_id())
@@ -191,7 +183,31 @@ def classic_output(
         .otherwise(_first_clause([(i, c) for i, c in indexed if c.when == "matched"], _COPY))
     )
     return _outputs(joined.withColumn(_CLAUSE_COLUMN, clause_index), plan, copy_values, constraints,
-                    preimage=change_data, carried=carried)
+                    preimage=copy_values if change_data else (), carried=carried)
+
+
+def matched_output(
+    joined: DataFrame, *, plan: MergePlan, constraints: TableConstraints, change_data: bool = False,
+    deduplicate_deletes: bool = False, carried: Sequence[str] = (),
+) -> DataFrame:
+    """The MATCHED clauses over the inner join of source and target rows (merge-on-read without NOT
+    MATCHED BY SOURCE clauses, whose target rows stay where they are unless a clause changes them).
+
+    Rows no clause changes are COPY rows with NULL values, for the caller to leave out: no target column
+    is read for them, so Spark reads only the columns the condition and the clauses use.
+    ``deduplicate_deletes`` as for :func:`classic_output`; ``joined`` carries the target rows'
+    :data:`FILE_KEY_COLUMN` and :data:`ROW_INDEX_COLUMN`, which identify them.
+    """
+    if deduplicate_deletes:
+        # Only one unconditional DELETE matches: each target row is deleted once, whatever matched it.
+        target_row = [FILE_KEY_COLUMN, ROW_INDEX_COLUMN]
+        first = F.row_number().over(Window.partitionBy(*target_row).orderBy(*target_row))
+        joined = joined.withColumn(_MATCH_NUMBER, first).filter(F.col(_MATCH_NUMBER) == 1)
+    matched = [(i, c) for i, c in enumerate(plan.clauses) if c.when == "matched"]
+    nulls = [F.lit(None).cast(f.dataType) for f in plan.final_schema.fields]
+    with_clause = joined.withColumn(_CLAUSE_COLUMN, _first_clause(matched, _COPY))
+    return _outputs(with_clause, plan, nulls, constraints, preimage=plan.copy_values if change_data else (),
+                    carried=carried)
 
 
 def insert_only_output(

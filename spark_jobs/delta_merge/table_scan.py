@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -21,7 +22,6 @@ from spark_jobs.delta_merge.arrow_scan import (
 from spark_jobs.delta_merge.arrow_store import arrow_file_path
 from spark_jobs.delta_merge.column_mapping import (
     logical_column,
-    mapping_mode,
     partition_keys,
     physical_read_schema,
 )
@@ -35,11 +35,15 @@ from spark_jobs.delta_merge.snapshot import file_uri
 if TYPE_CHECKING:
     from spark_jobs.delta_merge.snapshot import TargetSnapshot
 
-__all__ = ["FILE_KEY_COLUMN", "ROW_INDEX_COLUMN", "file_key", "scan_files"]
+__all__ = ["FILE_KEY_COLUMN", "ROW_INDEX_COLUMN", "JoinScan", "file_key", "scan_files", "scan_for_join"]
 
 # Identifies the file a target row came from, in the form `file_key` gives for a LiveFile.
 FILE_KEY_COLUMN = "__merge_file"
 ROW_INDEX_COLUMN = "__merge_row_index"
+# Spark's `_metadata.file_path` of a scanned row, turned into its file key once the row has joined.
+_FILE_URI_COLUMN = "__merge_file_uri"
+_BASE_ROW_ID_COLUMN = "__merge_base_row_id"
+_DEFAULT_VERSION_COLUMN = "__merge_default_version"
 
 
 def file_key(snapshot: TargetSnapshot, live_file: LiveFile) -> str:
@@ -49,11 +53,37 @@ def file_key(snapshot: TargetSnapshot, live_file: LiveFile) -> str:
     return "/" + without_scheme.lstrip("/")
 
 
-def _file_key_column() -> Column:
+def _file_key_column(file_path: Column | None = None) -> Column:
+    """The :func:`file_key` of Spark's ``_metadata.file_path`` (or of ``file_path``, a column holding it)."""
     # `_metadata.file_path` is a URI (spaces as %20, '%' as %25). url_decode would also turn '+'
     # into a space, so protect '+' first; then drop the scheme as `file_key` does.
-    decoded = F.url_decode(F.replace(F.col("_metadata.file_path"), F.lit("+"), F.lit("%2B")))
+    path = F.col("_metadata.file_path") if file_path is None else file_path
+    decoded = F.url_decode(F.replace(path, F.lit("+"), F.lit("%2B")))
     return F.regexp_replace(decoded, r"^[a-zA-Z][a-zA-Z0-9+.-]*:/*", "/")
+
+
+def _deleted_rows_frame(
+    spark: SparkSession, snapshot: TargetSnapshot, files: Sequence[LiveFile]
+) -> DataFrame:
+    """The rows the deletion vectors of ``files`` delete, as (:data:`FILE_KEY_COLUMN`,
+    :data:`ROW_INDEX_COLUMN`); built as Arrow columns, not Python tuples: a table merged on read holds
+    millions of deleted rows."""
+    store = log_store(snapshot.table_uri, snapshot.storage_options)
+    keys: list[pa.Array] = []
+    indexes: list[pa.Array] = []
+    for f in files:
+        if f.deletion_vector is None:
+            continue
+        rows = deleted_rows(
+            store, snapshot.table_uri, f.deletion_vector, storage_options=snapshot.storage_options
+        )
+        keys.append(pa.repeat(pa.scalar(file_key(snapshot, f), pa.string()), len(rows)))
+        indexes.append(pa.array(rows, pa.int64()))
+    deleted = pa.table({
+        FILE_KEY_COLUMN: pa.chunked_array(keys, pa.string()),
+        ROW_INDEX_COLUMN: pa.chunked_array(indexes, pa.int64()),
+    })  # fmt: skip
+    return spark.createDataFrame(deleted)
 
 
 def _read_live_rows(
@@ -84,27 +114,13 @@ def _read_live_rows(
             df = df.withColumn(ROW_INDEX_COLUMN, F.col("_metadata.row_index"))
         parts.append(df.withColumn(FILE_KEY_COLUMN, _file_key_column()) if with_file_key else df)
     if with_dv:
-        store = log_store(snapshot.table_uri, snapshot.storage_options)
-        # Built as Arrow columns, not Python tuples: a table merged on read holds millions of deleted rows.
-        keys: list[pa.Array] = []
-        indexes: list[pa.Array] = []
-        for f in with_dv:
-            assert f.deletion_vector is not None
-            rows = deleted_rows(store, snapshot.table_uri, f.deletion_vector,
-                                storage_options=snapshot.storage_options)  # fmt: skip
-            keys.append(pa.repeat(pa.scalar(file_key(snapshot, f), pa.string()), len(rows)))
-            indexes.append(pa.array(rows, pa.int64()))
-        deleted = pa.table({
-            FILE_KEY_COLUMN: pa.chunked_array(keys, pa.string()),
-            ROW_INDEX_COLUMN: pa.chunked_array(indexes, pa.int64()),
-        })  # fmt: skip
         df = (
             spark.read.schema(data_schema)
             .parquet(*[file_uri(snapshot, f) for f in with_dv])
             .withColumn(FILE_KEY_COLUMN, _file_key_column())
             .withColumn(ROW_INDEX_COLUMN, F.col("_metadata.row_index"))
             .join(
-                F.broadcast(spark.createDataFrame(deleted)),
+                F.broadcast(_deleted_rows_frame(spark, snapshot, with_dv)),
                 [FILE_KEY_COLUMN, ROW_INDEX_COLUMN],
                 "left_anti",
             )
@@ -167,7 +183,7 @@ def scan_files(
     """
     schema: StructType = snapshot.schema
     partition_columns = list(snapshot.partition_columns)
-    mode = mapping_mode(snapshot.configuration)
+    mode = snapshot.column_mapping_mode
     keys = partition_keys(schema, partition_columns, mode)
     data_fields = [f for f in schema.fields if f.name not in partition_columns]
     data_schema = physical_read_schema(StructType(data_fields), mode)
@@ -215,8 +231,8 @@ def _with_stable_row_ids(
     """PROTOCOL.md "Reader Requirements for Row Tracking": the materialized value when not NULL, else
     the default (``baseRowId`` + physical index; ``defaultRowCommitVersion``)."""
     defaults_schema = StructType([
-        StructField(FILE_KEY_COLUMN, StringType()), StructField("__merge_base_row_id", LongType()),
-        StructField("__merge_default_version", LongType()),
+        StructField(FILE_KEY_COLUMN, StringType()), StructField(_BASE_ROW_ID_COLUMN, LongType()),
+        StructField(_DEFAULT_VERSION_COLUMN, LongType()),
     ])  # fmt: skip
     defaults = spark.createDataFrame(
         [(file_key(snapshot, f), f.base_row_id, f.default_row_commit_version) for f in files], defaults_schema
@@ -224,6 +240,62 @@ def _with_stable_row_ids(
     row_id, commit_version = (F.col(f"`{c}`") for c in materialized)
     return (
         df.join(F.broadcast(defaults), on=FILE_KEY_COLUMN, how="inner")
-        .withColumn(ROW_ID_COLUMN, F.coalesce(row_id, F.col("__merge_base_row_id") + F.col(ROW_INDEX_COLUMN)))
-        .withColumn(ROW_COMMIT_VERSION_COLUMN, F.coalesce(commit_version, F.col("__merge_default_version")))
+        .withColumn(ROW_ID_COLUMN, F.coalesce(row_id, F.col(_BASE_ROW_ID_COLUMN) + F.col(ROW_INDEX_COLUMN)))
+        .withColumn(ROW_COMMIT_VERSION_COLUMN, F.coalesce(commit_version, F.col(_DEFAULT_VERSION_COLUMN)))
     )
+
+
+@dataclass(frozen=True)
+class JoinScan:
+    """Target rows for an inner join with the source, and what completes the joined rows: after
+    ``complete``, every joined row carries its target row's :data:`FILE_KEY_COLUMN` and
+    :data:`ROW_INDEX_COLUMN` (and, with row tracking, its stable row id and commit version), and pairs
+    whose target row a deletion vector deletes are gone."""
+
+    rows: DataFrame
+    complete: Callable[[DataFrame], DataFrame]
+
+
+def scan_for_join(
+    spark: SparkSession, snapshot: TargetSnapshot, files: Sequence[LiveFile], *,
+    row_tracking: RowTracking | None = None,
+) -> JoinScan:
+    """The rows of ``files`` to join with the source (inner joins only).
+
+    On an unpartitioned table read by Spark's own reader, the per-row work of :func:`scan_files` (the
+    file key, a decoded string per row, which costs more than reading the key column; the anti join
+    with deleted rows; the stable row ids) is done on the joined pairs instead: an inner join keeps
+    only the target rows that match, and a deleted row's pairs leave with it. Partitioned tables need
+    their partition values (joined by file key) before the join's condition can use them, and tables
+    in object stores are read by pyarrow, which gives the key for free: both are completed at the scan.
+    """
+    tracked = row_tracking.materialized_columns if row_tracking is not None else ()
+    if is_object_store(snapshot.table_uri) or snapshot.partition_columns or not files:
+        rows = scan_files(spark, snapshot, files, with_file_key=True, with_row_index=True,
+                          row_tracking=row_tracking)  # fmt: skip
+        return JoinScan(rows, lambda joined: joined)
+    schema: StructType = snapshot.schema
+    mode = snapshot.column_mapping_mode
+    data_schema = physical_read_schema(schema, mode)
+    data_schema = StructType(data_schema.fields + [StructField(c, LongType()) for c in tracked])
+    rows = spark.read.schema(data_schema).parquet(*[file_uri(snapshot, f) for f in files]).select(
+        *[logical_column(f, mode) for f in schema.fields],
+        *[F.col(f"`{c}`") for c in tracked],
+        F.col("_metadata.file_path").alias(_FILE_URI_COLUMN),
+        F.col("_metadata.row_index").alias(ROW_INDEX_COLUMN),
+    )
+    with_vectors = [f for f in files if f.deletion_vector is not None]
+
+    def complete(joined: DataFrame) -> DataFrame:
+        key = _file_key_column(F.col(_FILE_URI_COLUMN))
+        keyed = joined.withColumn(FILE_KEY_COLUMN, key).drop(_FILE_URI_COLUMN)
+        if with_vectors:
+            deleted = F.broadcast(_deleted_rows_frame(spark, snapshot, with_vectors))
+            keyed = keyed.join(deleted, [FILE_KEY_COLUMN, ROW_INDEX_COLUMN], "left_anti")
+        if tracked:
+            keyed = _with_stable_row_ids(spark, snapshot, files, keyed, tracked).drop(
+                _BASE_ROW_ID_COLUMN, _DEFAULT_VERSION_COLUMN, *tracked
+            )
+        return keyed
+
+    return JoinScan(rows, complete)

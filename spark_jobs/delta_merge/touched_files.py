@@ -11,11 +11,9 @@ from pyspark.sql import functions as F
 from spark_jobs.delta_merge.errors import MultipleSourceRowMatchesError
 from spark_jobs.delta_merge.merge_plan import MergePlan
 from spark_jobs.delta_merge.row_counter import counted
-from spark_jobs.delta_merge.table_scan import FILE_KEY_COLUMN
+from spark_jobs.delta_merge.table_scan import FILE_KEY_COLUMN, ROW_INDEX_COLUMN, JoinScan
 
 __all__ = ["MULTIPLE_MATCHES_MESSAGE", "TouchedFiles", "find_touched_files"]
-
-ROW_ID_COLUMN = "__merge_row_id"
 
 MULTIPLE_MATCHES_MESSAGE = (
     "Cannot perform Merge as multiple source rows matched and attempted to modify the same target row in "
@@ -55,22 +53,20 @@ def _matched_predicate(plan: MergePlan) -> str:
 
 
 def find_touched_files(
-    source: DataFrame, target: DataFrame, *, plan: MergePlan, all_candidate_keys: Sequence[str]
+    source: DataFrame, target: JoinScan, *, plan: MergePlan, all_candidate_keys: Sequence[str]
 ) -> TouchedFiles:
-    """Join the source with the candidate target rows (``target`` carries the file key column).
+    """Join the source with the candidate target rows; a target row is its (file, row index).
 
     Raises :class:`MultipleSourceRowMatchesError` when a target row is matched by two or more source
     rows, unless the only MATCHED clause is an unconditional DELETE. With NOT MATCHED BY SOURCE
     clauses every candidate file is touched, since unmatched target rows may change too.
     """
     source, source_rows = counted(source, "merge_source_rows")
-    joined = source.alias(plan.source_alias).join(
-        target.withColumn(ROW_ID_COLUMN, F.monotonically_increasing_id()).alias(plan.target_alias),
-        on=F.expr(plan.condition),
-        how="inner",
-    )
+    joined = target.complete(source.alias(plan.source_alias).join(
+        target.rows.alias(plan.target_alias), on=F.expr(plan.condition), how="inner",
+    ))  # fmt: skip
     acts = F.coalesce(F.expr(_matched_predicate(plan)), F.lit(False)).cast("int")
-    per_row = joined.groupBy(ROW_ID_COLUMN, FILE_KEY_COLUMN).agg(
+    per_row = joined.groupBy(FILE_KEY_COLUMN, ROW_INDEX_COLUMN).agg(
         F.count(F.lit(1)).alias("matches"), F.max(acts).alias("acts")
     )
     per_file = per_row.groupBy(FILE_KEY_COLUMN).agg(
