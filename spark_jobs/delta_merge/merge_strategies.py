@@ -299,7 +299,6 @@ def classic_merge(
     marking = bool(removes) and writes_deletion_vectors(spark, snapshot)
     carried = (ROW_ID_COLUMN, ROW_COMMIT_VERSION_COLUMN) if hidden else ()
     if marking and not plan.clauses_of("not_matched_by_source"):
-        # Removes are never empty when marking.
         output = _marked_rows_and_inserts(
             spark, source, uncounted_source, snapshot=snapshot, plan=plan, removes=removes, tracking=tracking,
             constraints=constraints, change_data=change_data, deduplicate_deletes=deduplicate,
@@ -315,7 +314,8 @@ def classic_merge(
         if tracking is not None and hidden:
             output = with_materialized_columns(output, tracking, action_column=ACTION_COLUMN)
         if marking:
-            # Unmatched rows NOT MATCHED BY SOURCE clauses leave are neither written nor handed to Python.
+            # Copied rows (matched rows no clause changes, and unmatched ones NOT MATCHED BY SOURCE
+            # clauses leave) are neither written nor handed to Python: filtered in the JVM.
             output = output.filter(F.col(ACTION_COLUMN) != int(Action.COPY))
     elif plan.clauses_of("not_matched"):
         # Nothing matched: like Delta's writeInsertsOnlyWhenNoMatches, only the inserts are written.
