@@ -193,9 +193,15 @@ def _file_metrics(
 
 def execute_merge(
     spark: SparkSession, source: DataFrame, *, snapshot: TargetSnapshot, plan: MergePlan,
-    target_file_size: int, dry_run: bool,
+    target_file_size: int, dry_run: bool, broadcast_source: bool = False, source_row_id: str | None = None,
 ) -> MergeOutcome:
-    """Compute the merge's new files and metrics; nothing is committed here."""
+    """Compute the merge's new files and metrics; nothing is committed here.
+
+    :param broadcast_source: the source is small enough to broadcast into its inner joins with the
+        target's rows (finding touched files, and merge-on-read's changed rows), whatever Spark estimates.
+    :param source_row_id: the source's row id column (a materialized source has one, the same in every
+        scan of it), or None.
+    """
     candidates = prune_files(
         spark, snapshot, snapshot.files, predicates=plan.target_only_predicates,
         target_alias=plan.target_alias,
@@ -205,7 +211,8 @@ def execute_merge(
         return insert_only_merge(spark, source, snapshot=snapshot, plan=plan, candidates=candidates,
                             constraints=constraints, target_file_size=target_file_size, dry_run=dry_run)
     return classic_merge(spark, source, snapshot=snapshot, plan=plan, candidates=candidates,
-                    constraints=constraints, target_file_size=target_file_size, dry_run=dry_run)
+                    constraints=constraints, target_file_size=target_file_size, dry_run=dry_run,
+                    broadcast_source=broadcast_source, source_row_id=source_row_id)
 
 
 def insert_only_merge(
@@ -234,18 +241,20 @@ def _marked_rows_and_inserts(
     spark: SparkSession, source: DataFrame, uncounted_source: DataFrame, *, snapshot: TargetSnapshot,
     plan: MergePlan, removes: tuple[LiveFile, ...], tracking: RowTracking | None,
     constraints: TableConstraints, change_data: bool, deduplicate_deletes: bool, carried: tuple[str, ...],
+    broadcast_source: bool, matched_source_ids: DataFrame | None = None, source_row_id: str | None = None,
 ) -> DataFrame:
     """Merge-on-read without NOT MATCHED BY SOURCE clauses: no target row that matches nothing is needed.
 
     The changed rows come from an inner join of the source with the touched files (which Spark
     broadcasts a small source into, reading only the target columns the statement uses, instead of
     shuffling every row of the files), the inserts from an anti join of the source with the target rows
-    that join found (small, so broadcast too) rather than with every row of the files.
+    that join found (small, so broadcast too) rather than with every row of the files; or, given
+    ``matched_source_ids`` (the ``source_row_id`` of every source row that matched, from finding the
+    touched files), from an anti join with those, which reads no target file at all.
     """
     target = scan_for_join(spark, snapshot, removes, row_tracking=tracking)
-    joined = target.complete(source.alias(plan.source_alias).join(
-        target.rows.alias(plan.target_alias), on=F.expr(plan.condition), how="inner",
-    ))  # fmt: skip
+    joined = target.matches(source, source_alias=plan.source_alias, target_alias=plan.target_alias,
+                            condition=plan.condition, broadcast_source=broadcast_source)  # fmt: skip
     output = matched_output(joined, plan=plan, constraints=constraints, change_data=change_data,
                             deduplicate_deletes=deduplicate_deletes,
                             carried=(*carried, FILE_KEY_COLUMN, ROW_INDEX_COLUMN))  # fmt: skip
@@ -255,11 +264,16 @@ def _marked_rows_and_inserts(
     output = output.filter(F.col(ACTION_COLUMN) != int(Action.COPY))
     if not plan.clauses_of("not_matched"):
         return output
-    # Every target row some source row matches is in `joined`: the touched files are all files with a match.
-    quoted = [f.name.replace("`", "``") for f in snapshot.schema.fields]
-    matched_targets = joined.select(*[F.col(f"`{plan.target_alias}`.`{c}`") for c in quoted])
-    inserted = insert_only_output(uncounted_source, matched_targets, plan=plan.only_inserts(),
-                                  constraints=constraints)  # fmt: skip
+    if matched_source_ids is not None and source_row_id is not None:
+        matched = matched_source_ids.select(source_row_id)
+        unmatched = uncounted_source.join(matched, source_row_id, "left_anti")
+        inserted = insert_only_output(unmatched, None, plan=plan.only_inserts(), constraints=constraints)
+    else:
+        # Every target row some source row matches is in `joined`: the touched files are all with a match.
+        quoted = [f.name.replace("`", "``") for f in snapshot.schema.fields]
+        matched_targets = joined.select(*[F.col(f"`{plan.target_alias}`.`{c}`") for c in quoted])
+        inserted = insert_only_output(uncounted_source, matched_targets, plan=plan.only_inserts(),
+                                      constraints=constraints)  # fmt: skip
     output = output.unionByName(inserted, allowMissingColumns=True)
     if not snapshot.partition_columns:
         # The union has both sides' partitions, each writing its own file: let AQE size the
@@ -271,17 +285,43 @@ def _marked_rows_and_inserts(
 def classic_merge(
     spark: SparkSession, source: DataFrame, *, snapshot: TargetSnapshot, plan: MergePlan,
     candidates: list[LiveFile], constraints: TableConstraints, target_file_size: int, dry_run: bool,
+    broadcast_source: bool = False, source_row_id: str | None = None,
 ) -> MergeOutcome:
     by_key = {file_key(snapshot, f): f for f in candidates}
     started = time.monotonic()
+    # Merge-on-read's inserts are the source rows no target row matched: this scan can name them.
+    keep_matched = source_row_id if (
+        plan.clauses_of("not_matched") and not plan.clauses_of("not_matched_by_source")
+        and writes_deletion_vectors(spark, snapshot)
+    ) else None  # fmt: skip
     with _stage(spark, "MERGE operation - scanning files for matches"):
         if candidates:
             candidate_rows = scan_for_join(spark, snapshot, candidates)
-            touched = find_touched_files(source, candidate_rows, plan=plan, all_candidate_keys=list(by_key))
+            touched = find_touched_files(
+                source, candidate_rows, plan=plan, all_candidate_keys=list(by_key),
+                broadcast_source=broadcast_source, keep_matched=keep_matched,
+            )  # fmt: skip
         else:
             # An empty join side would let Spark skip the source scan, so count the source directly.
             touched = TouchedFiles(frozenset(), 0, source.count())
-    scan_ms = _elapsed_ms(started)
+    try:
+        return _classic_merge_of_touched(
+            spark, source, snapshot=snapshot, plan=plan, candidates=candidates, constraints=constraints,
+            target_file_size=target_file_size, dry_run=dry_run, broadcast_source=broadcast_source,
+            touched=touched, scan_ms=_elapsed_ms(started), kept_matches=keep_matched,
+        )
+    finally:
+        touched.release()
+
+
+def _classic_merge_of_touched(
+    spark: SparkSession, source: DataFrame, *, snapshot: TargetSnapshot, plan: MergePlan,
+    candidates: list[LiveFile], constraints: TableConstraints, target_file_size: int, dry_run: bool,
+    broadcast_source: bool, touched: TouchedFiles, scan_ms: int, kept_matches: str | None,
+) -> MergeOutcome:
+    """:func:`classic_merge` once the touched files are known (``kept_matches``: the source row id
+    column whose matched ids ``touched`` kept)."""
+    by_key = {file_key(snapshot, f): f for f in candidates}
     removes = tuple(by_key[k] for k in sorted(touched.file_keys))
     check_writable(snapshot, removes_files=bool(removes))
     log.info("%d of %d candidate files touched", len(removes), len(candidates))
@@ -302,7 +342,8 @@ def classic_merge(
         output = _marked_rows_and_inserts(
             spark, source, uncounted_source, snapshot=snapshot, plan=plan, removes=removes, tracking=tracking,
             constraints=constraints, change_data=change_data, deduplicate_deletes=deduplicate,
-            carried=carried,
+            carried=carried, broadcast_source=broadcast_source,
+            matched_source_ids=touched.matched_source_rows, source_row_id=kept_matches,
         )
     elif removes:
         target = scan_files(spark, snapshot, removes, row_tracking=tracking,

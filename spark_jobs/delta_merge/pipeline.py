@@ -148,6 +148,7 @@ def _run_attempt(
         outcome = execute_merge(
             spark, source.df, snapshot=snapshot, plan=plan,
             target_file_size=_target_file_size(spec, snapshot), dry_run=spec.options.dry_run,
+            broadcast_source=source.fits_a_broadcast(spark), source_row_id=source.row_id_column,
         )
     except Exception as exc:
         source.raise_if_blocks_lost(exc)

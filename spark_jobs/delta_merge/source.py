@@ -12,6 +12,7 @@ from py4j.protocol import Py4JError, Py4JJavaError
 from pyspark import StorageLevel
 from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from spark_jobs.delta_merge.arrow_scan import is_object_store
 from spark_jobs.delta_merge.errors import MergeAnalysisError, MergeExecutionError
@@ -20,8 +21,12 @@ from spark_jobs.delta_merge.merge_sql import SOURCE_VIEW
 from spark_jobs.delta_merge.object_store_source import read_object_store_parquet
 from spark_jobs.delta_merge.spec import MergeOptions, SourceSpec
 
+# The row id of a materialized source (bookkeeping, never written).
+SOURCE_ROW_ID_COLUMN = "__merge_source_row_id"
+
 __all__ = [
     "MATERIALIZE_MAX_ATTEMPTS",
+    "SOURCE_ROW_ID_COLUMN",
     "MaterializedSourceLostError",
     "PreparedSource",
     "SourceRead",
@@ -60,7 +65,11 @@ class SourceRead:
 
 @dataclass(frozen=True)
 class PreparedSource:
-    """The source the merge joins with, and how it came to be."""
+    """The source the merge joins with, and how it came to be.
+
+    :param row_id_column: a materialized source carries a row id (:data:`SOURCE_ROW_ID_COLUMN`), fixed in
+        its blocks: a later stage can tell which source rows an earlier one matched.
+    """
 
     df: DataFrame
     materialized: bool
@@ -68,6 +77,29 @@ class PreparedSource:
     materialize_time_ms: int
     storage_level: str | None = None
     rdd_id: int | None = None
+    row_id_column: str | None = None
+
+    def fits_a_broadcast(self, spark: SparkSession) -> bool:
+        """The materialized source is small enough to broadcast into the joins with the target's files.
+
+        Spark's estimate for a checkpointed source comes from the files it was read from, which a source
+        of a few hundred thousand rows exceeds (10 MB by default): the join then shuffles every row of
+        every candidate file. The materialized blocks give its real size instead; it may be broadcast up
+        to the larger of ``spark.sql.autoBroadcastJoinThreshold`` and a sixteenth of the driver's heap
+        (which holds the broadcast). A threshold of -1 (broadcasts off) is respected.
+        """
+        if self.rdd_id is None:
+            return False
+        threshold = int(str(spark.conf.get("spark.sql.autoBroadcastJoinThreshold", "10485760")).rstrip("bB"))
+        if threshold < 0:
+            return False
+        context = spark.sparkContext._jsc.sc()
+        held = [info for info in context.getRDDStorageInfo() if info.id() == self.rdd_id]
+        if not held:
+            return False
+        size = int(held[0].memSize()) + int(held[0].diskSize())
+        heap = int(spark._jvm.java.lang.Runtime.getRuntime().maxMemory())  # type: ignore[union-attr]
+        return size <= max(threshold, heap // 16)
 
     def release(self) -> None:
         """Drop the materialized blocks once the merge has read them (Delta unpersists them too)."""
@@ -215,7 +247,8 @@ def materialize_source(
         return PreparedSource(pruned, materialized=False, reason=reason, materialize_time_ms=0)
     level_name = storage_level_for_attempt(options.materialize_storage_level, attempt)
     started = time.monotonic()
-    checkpointed = pruned.localCheckpoint(eager=True, storageLevel=_storage_level(level_name))
+    with_ids = pruned.withColumn(SOURCE_ROW_ID_COLUMN, F.monotonically_increasing_id())
+    checkpointed = with_ids.localCheckpoint(eager=True, storageLevel=_storage_level(level_name))
     rdd = _checkpointed_rdd(checkpointed)
     rdd.setName("mergeMaterializedSource")
     return PreparedSource(
@@ -225,6 +258,7 @@ def materialize_source(
         materialize_time_ms=int((time.monotonic() - started) * 1000),
         storage_level=level_name,
         rdd_id=int(rdd.id()),
+        row_id_column=SOURCE_ROW_ID_COLUMN,
     )
 
 

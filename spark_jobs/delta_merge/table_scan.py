@@ -255,6 +255,16 @@ class JoinScan:
     rows: DataFrame
     complete: Callable[[DataFrame], DataFrame]
 
+    def matches(
+        self, source: DataFrame, *, source_alias: str, target_alias: str, condition: str,
+        broadcast_source: bool,
+    ) -> DataFrame:
+        """The completed inner join of ``source`` (as ``source_alias``, broadcast when
+        ``broadcast_source``) with these rows (as ``target_alias``) on ``condition``."""
+        left = F.broadcast(source) if broadcast_source else source
+        rows = self.rows.alias(target_alias)
+        return self.complete(left.alias(source_alias).join(rows, on=F.expr(condition), how="inner"))
+
 
 def scan_for_join(
     spark: SparkSession, snapshot: TargetSnapshot, files: Sequence[LiveFile], *,

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from pyspark import StorageLevel
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
@@ -31,12 +32,20 @@ class TouchedFiles:
 
     :param extra_matches: joined (source, target) pairs beyond one per matched target row; non-zero
         only when multiple matches are allowed (a single unconditional DELETE).
+    :param matched_source_rows: with ``keep_matched``, the joined pairs, with the row ids of the source
+        rows that matched a target row in the column of that name (kept until :meth:`release`).
     """
 
     file_keys: frozenset[str]
     matched_target_rows: int
     num_source_rows: int
     extra_matches: int = 0
+    matched_source_rows: DataFrame | None = None
+
+    def release(self) -> None:
+        """Drop the kept row ids of matched source rows (:func:`find_touched_files`'s ``keep_matched``)."""
+        if self.matched_source_rows is not None:
+            self.matched_source_rows.unpersist()
 
 
 def _matched_predicate(plan: MergePlan) -> str:
@@ -53,21 +62,40 @@ def _matched_predicate(plan: MergePlan) -> str:
 
 
 def find_touched_files(
-    source: DataFrame, target: JoinScan, *, plan: MergePlan, all_candidate_keys: Sequence[str]
+    source: DataFrame, target: JoinScan, *, plan: MergePlan, all_candidate_keys: Sequence[str],
+    broadcast_source: bool = False, keep_matched: str | None = None,
 ) -> TouchedFiles:
-    """Join the source with the candidate target rows; a target row is its (file, row index).
+    """Join the source with the candidate target rows (broadcasting the source when
+    ``broadcast_source``); a target row is its (file, row index). With ``keep_matched`` (the source's
+    row id column), the joined pairs are kept, so that the ids of the source rows that matched need no
+    second scan of the target.
 
     Raises :class:`MultipleSourceRowMatchesError` when a target row is matched by two or more source
     rows, unless the only MATCHED clause is an unconditional DELETE. With NOT MATCHED BY SOURCE
     clauses every candidate file is touched, since unmatched target rows may change too.
     """
     source, source_rows = counted(source, "merge_source_rows")
-    joined = target.complete(source.alias(plan.source_alias).join(
-        target.rows.alias(plan.target_alias), on=F.expr(plan.condition), how="inner",
-    ))  # fmt: skip
+    joined = target.matches(source, source_alias=plan.source_alias, target_alias=plan.target_alias,
+                            condition=plan.condition, broadcast_source=broadcast_source)  # fmt: skip
     acts = F.coalesce(F.expr(_matched_predicate(plan)), F.lit(False)).cast("int")
-    per_row = joined.groupBy(FILE_KEY_COLUMN, ROW_INDEX_COLUMN).agg(
-        F.count(F.lit(1)).alias("matches"), F.max(acts).alias("acts")
+    pairs = joined.select(FILE_KEY_COLUMN, ROW_INDEX_COLUMN, acts.alias("acts"),
+                          *([F.col(keep_matched)] if keep_matched else []))  # fmt: skip
+    if keep_matched:
+        pairs = pairs.persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        return _touched(pairs, source_rows, plan=plan, all_candidate_keys=all_candidate_keys,
+                        keep_matched=keep_matched)  # fmt: skip
+    except BaseException:
+        pairs.unpersist()
+        raise
+
+
+def _touched(
+    pairs: DataFrame, source_rows: Callable[[], int], *, plan: MergePlan, all_candidate_keys: Sequence[str],
+    keep_matched: str | None,
+) -> TouchedFiles:
+    per_row = pairs.groupBy(FILE_KEY_COLUMN, ROW_INDEX_COLUMN).agg(
+        F.count(F.lit(1)).alias("matches"), F.max("acts").alias("acts")
     )
     per_file = per_row.groupBy(FILE_KEY_COLUMN).agg(
         F.max("matches").alias("max_matches"), F.count(F.lit(1)).alias("rows"), F.max("acts").alias("acts"),
@@ -87,4 +115,5 @@ def find_touched_files(
         matched_target_rows=sum(int(r["rows"]) for r in found),
         num_source_rows=num_source_rows,
         extra_matches=sum(int(r["extra_matches"]) for r in found),
+        matched_source_rows=pairs if keep_matched else None,
     )
