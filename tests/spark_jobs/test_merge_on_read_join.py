@@ -13,10 +13,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, write_deltalake
+from pyspark.sql import functions as F
 
 from spark_jobs.delta_merge.column_mapping import mapping_mode
 from spark_jobs.delta_merge.errors import MultipleSourceRowMatchesError
 from spark_jobs.delta_merge.snapshot import TableProtocol, load_snapshot
+from spark_jobs.delta_merge.source import SOURCE_ROW_ID_COLUMN, SourceRead, materialize_source
+from spark_jobs.delta_merge.spec import MergeOptions
 from tests.delta_reader import read_rows, read_rows_with_kernel
 from tests.spark_jobs.test_merge_on_read import ENABLED, UPSERT, dv_table, rows
 from tests.spark_jobs.test_merge_on_read_safety import changes
@@ -33,8 +36,11 @@ def wide_rows(path: Path) -> list[tuple[Any, ...]]:
     return found
 
 
+# A materialized source (auto, for a Parquet source) carries row ids: the inserts are the source rows the
+# touched-files scan did not match. Without materialization they come from an anti join with the matched rows.
+@pytest.mark.parametrize("materialize", ["auto", "none"])
 def test_rows_deleted_by_a_vector_match_nothing_even_when_two_source_rows_name_them(
-    spark: Any, tmp_path: Path
+    spark: Any, tmp_path: Path, materialize: str
 ) -> None:
     target = dv_table(tmp_path / "t", files=2, per_file=10)
     merge(spark, target, parquet_source(tmp_path / "s1", kv([(5, "delete"), (15, "delete")])), UPSERT)
@@ -42,8 +48,12 @@ def test_rows_deleted_by_a_vector_match_nothing_even_when_two_source_rows_name_t
 
     # Two source rows for the deleted id 5 would be a multiple match if the hidden row still joined.
     source = kv([(5, "back-a"), (5, "back-b"), (6, "six"), (15, "back15")])
-    metrics = merge(spark, target, parquet_source(tmp_path / "s2", source), UPSERT)
+    source_dir = parquet_source(tmp_path / "s2", source)
+    metrics = merge(spark, target, source_dir, UPSERT, materialize_source=materialize)
 
+    assert metrics["materializeSourceReason"] == (
+        "NON_DETERMINISTIC_SOURCE_NON_DELTA" if materialize == "auto" else "NOT_MATERIALIZED_NONE"
+    )
     assert (metrics["numTargetRowsInserted"], metrics["numTargetRowsUpdated"]) == (3, 1)
     assert metrics["numTargetDeletionVectorsUpdated"] == 1  # only file 0 had a matched row (id 6)
     expected = sorted(
@@ -53,8 +63,9 @@ def test_rows_deleted_by_a_vector_match_nothing_even_when_two_source_rows_name_t
     assert rows(target) == expected
 
 
+@pytest.mark.parametrize("materialize", ["auto", "none"])
 def test_clauses_see_the_target_columns_they_name_and_unassigned_columns_keep_their_values(
-    spark: Any, tmp_path: Path
+    spark: Any, tmp_path: Path, materialize: str
 ) -> None:
     target = tmp_path / "t"
     table = pa.Table.from_pylist([{"id": i, "v": f"v{i}", "w": i * 10} for i in range(8)], schema=WIDE)
@@ -65,7 +76,8 @@ def test_clauses_see_the_target_columns_they_name_and_unassigned_columns_keep_th
         WHEN MATCHED AND t.w < 20 THEN DELETE
         WHEN NOT MATCHED THEN INSERT (id, v) VALUES (s.id, s.v)"""
 
-    metrics = merge(spark, target, parquet_source(tmp_path / "s", source), sql)
+    metrics = merge(spark, target, parquet_source(tmp_path / "s", source), sql,
+                    materialize_source=materialize)  # fmt: skip
 
     # id 1 deleted (w 10); id 2 updated, w kept; id 3 matched but no clause acts: stays where it was.
     assert (metrics["numTargetRowsDeleted"], metrics["numTargetRowsUpdated"]) == (1, 1)
@@ -142,3 +154,24 @@ def test_column_mapping_takes_effect_only_where_the_protocol_supports_it(
     assert mapping_mode(configuration, supported=protocol.supports_column_mapping) == (
         "name" if supported else "none"
     )
+
+
+def test_a_materialized_source_is_broadcast_by_its_real_size_unless_broadcasts_are_off(spark: Any) -> None:
+    rows = SourceRead(spark.range(1000).withColumn("v", F.col("id") * 2), pinned_delta=False)
+    options = MergeOptions()
+    materialized = materialize_source(rows, columns=["id", "v"], options=options, insert_only=False)
+    try:
+        assert materialized.row_id_column == SOURCE_ROW_ID_COLUMN
+        assert materialized.df.select(SOURCE_ROW_ID_COLUMN).distinct().count() == 1000
+        assert materialized.fits_a_broadcast(spark)
+        spark.conf.set("spark.sql.autoBroadcastJoinThreshold", "-1")
+        try:
+            assert not materialized.fits_a_broadcast(spark)
+        finally:
+            spark.conf.unset("spark.sql.autoBroadcastJoinThreshold")
+    finally:
+        materialized.release()
+    as_read = MergeOptions(materialize_source="none")
+    kept_as_read = materialize_source(rows, columns=["id", "v"], options=as_read, insert_only=False)
+    assert (kept_as_read.row_id_column, kept_as_read.fits_a_broadcast(spark)) == (None, False)
+    assert kept_as_read.df.columns == ["id", "v"]
