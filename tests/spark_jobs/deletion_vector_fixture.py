@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from spark_jobs.delta_merge.deletion_vectors import inline_deletion_vector, write_deletion_vectors
-from tests.spark_jobs.table_feature_fixtures import replay
+from tests.spark_jobs.table_feature_fixtures import listed_features, replay
 
 
 def add_deletion_vectors(
@@ -27,14 +27,15 @@ def add_deletion_vectors(
     :returns: the descriptors written, in the order of ``vectors``.
     """
     version, adds, metadata, protocol, _ = replay(table)
+    reader_features, writer_features = listed_features(protocol)
     config = {**metadata["configuration"], "delta.enableDeletionVectors": "true"}
     metadata = {**metadata, "configuration": config}
     now = int(time.time() * 1000)
     actions: list[dict[str, Any]] = [
         {"commitInfo": {"timestamp": now, "operation": "DELETE"}},
         {"protocol": {"minReaderVersion": 3, "minWriterVersion": 7,
-                      "readerFeatures": sorted({"deletionVectors", *protocol.get("readerFeatures", [])}),
-                      "writerFeatures": sorted({"deletionVectors", *protocol.get("writerFeatures", [])})}},
+                      "readerFeatures": sorted({"deletionVectors", *reader_features}),
+                      "writerFeatures": sorted({"deletionVectors", *writer_features})}},
         {"metaData": metadata},
     ]  # fmt: skip
     in_file = {path: rows for path, (rows, storage) in vectors.items() if storage == "u"}

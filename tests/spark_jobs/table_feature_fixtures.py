@@ -21,6 +21,27 @@ ROW_COMMIT_VERSION_COLUMN = "delta.rowTracking.materializedRowCommitVersionColum
 
 Actions = dict[str, dict[str, Any]]
 
+# The features a legacy protocol version supports (PROTOCOL.md "Table Features": a table moved to reader 3 /
+# writer 7 lists them, or loses them; column mapping, for one, takes effect only where it is supported).
+_LEGACY_WRITER_FEATURES = {
+    2: ("appendOnly", "invariants"), 3: ("checkConstraints",), 4: ("changeDataFeed", "generatedColumns"),
+    5: ("columnMapping",), 6: ("identityColumns",),
+}  # fmt: skip
+
+
+def listed_features(protocol: Mapping[str, Any]) -> tuple[set[str], set[str]]:
+    """(reader features, writer features) of a protocol action as reader 3 / writer 7 lists them: its
+    lists, or the features its legacy versions support."""
+    writer_version = int(protocol.get("minWriterVersion", 1))
+    reader_version = int(protocol.get("minReaderVersion", 1))
+    writer = set(protocol.get("writerFeatures", []))
+    if writer_version < 7:
+        writer |= {f for v, names in _LEGACY_WRITER_FEATURES.items() if v <= writer_version for f in names}
+    reader = set(protocol.get("readerFeatures", []))
+    if reader_version == 2:
+        reader.add("columnMapping")
+    return reader, writer
+
 
 def replay(table: Path) -> tuple[int, Actions, dict[str, Any], dict[str, Any], Actions]:
     """(latest version, live adds by path, metaData, protocol, live domainMetadata by domain) from the JSON
@@ -76,7 +97,8 @@ def enable_features(
     version, adds, metadata, protocol, _ = replay(table)
     new_version = version + 1
     now = in_commit_timestamp if in_commit_timestamp is not None else int(time.time() * 1000)
-    features = {"domainMetadata", *protocol.get("writerFeatures", [])}
+    reader_features, features = listed_features(protocol)
+    features.add("domainMetadata")
     config = {**metadata["configuration"], **(configuration or {})}
     commit_info: dict[str, Any] = {"timestamp": now, "operation": "SET TBLPROPERTIES"}
     actions: list[dict[str, Any]] = []
@@ -120,7 +142,6 @@ def enable_features(
             "configuration": json.dumps({"rowIdHighWaterMark": next_id - 1}),
             "removed": False,
         }})  # fmt: skip
-    reader_features = protocol.get("readerFeatures", [])
     head: list[dict[str, Any]] = [
         {"commitInfo": commit_info},
         {"protocol": {"minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": sorted(reader_features),
@@ -159,12 +180,15 @@ def set_column_defaults(
             }
         if schema_field["name"] in not_null:
             schema_field["nullable"] = False
-    features = {*protocol.get("writerFeatures", []), *writer_features}
+    reader_features, features = listed_features(protocol)
+    features |= set(writer_features)
     if not_null:
         features.add("invariants")
     config = {**metadata["configuration"], **(configuration or {})}
     actions: list[dict[str, Any]] = [
         {"commitInfo": {"timestamp": int(time.time() * 1000), "operation": "ALTER COLUMN"}},
+        {"protocol": {"minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": sorted(reader_features),
+                      "writerFeatures": sorted(features)}} if reader_features else
         {"protocol": {"minReaderVersion": 1, "minWriterVersion": 7, "writerFeatures": sorted(features)}},
         {"metaData": {**metadata, "schemaString": json.dumps(schema), "configuration": config}},
     ]
