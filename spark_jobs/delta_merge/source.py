@@ -90,7 +90,8 @@ class PreparedSource:
         """
         if self.rdd_id is None:
             return False
-        threshold = int(str(spark.conf.get("spark.sql.autoBroadcastJoinThreshold", "10485760")).rstrip("bB"))
+        # Spark's own reading of the setting, which takes byte strings such as "10MB" or "-1".
+        threshold = int(spark._jsparkSession.sessionState().conf().autoBroadcastJoinThreshold())
         if threshold < 0:
             return False
         context = spark.sparkContext._jsc.sc()

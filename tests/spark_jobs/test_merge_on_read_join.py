@@ -164,8 +164,11 @@ def test_a_materialized_source_is_broadcast_by_its_real_size_unless_broadcasts_a
         assert materialized.row_id_column == SOURCE_ROW_ID_COLUMN
         assert materialized.df.select(SOURCE_ROW_ID_COLUMN).distinct().count() == 1000
         assert materialized.fits_a_broadcast(spark)
-        spark.conf.set("spark.sql.autoBroadcastJoinThreshold", "-1")
         try:
+            # A byte string, read as Spark reads it; below the heap's share, which then decides.
+            spark.conf.set("spark.sql.autoBroadcastJoinThreshold", "1KB")
+            assert materialized.fits_a_broadcast(spark)
+            spark.conf.set("spark.sql.autoBroadcastJoinThreshold", "-1")
             assert not materialized.fits_a_broadcast(spark)
         finally:
             spark.conf.unset("spark.sql.autoBroadcastJoinThreshold")
