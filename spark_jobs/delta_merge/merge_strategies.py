@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from pyroaring import BitMap64
@@ -16,7 +16,7 @@ from pyspark.sql.types import LongType, StructField, StructType
 
 from spark_jobs.delta_merge.data_skipping import partition_count, prune_files
 from spark_jobs.delta_merge.deletion_vector_updates import mark_rows, writes_deletion_vectors
-from spark_jobs.delta_merge.errors import ConstraintViolationError, spark_failure
+from spark_jobs.delta_merge.errors import ConstraintViolationError, MergeExecutionError, spark_failure
 from spark_jobs.delta_merge.files import LiveFile, WrittenFile
 from spark_jobs.delta_merge.merge_plan import MergePlan
 from spark_jobs.delta_merge.metrics import MergeMetrics
@@ -30,6 +30,7 @@ from spark_jobs.delta_merge.rewrite import (
     VIOLATION_COLUMN,
     Action,
     classic_output,
+    first_match_per_target_row,
     insert_only_output,
     matched_output,
 )
@@ -42,6 +43,7 @@ from spark_jobs.delta_merge.row_tracking import (
     with_materialized_columns,
 )
 from spark_jobs.delta_merge.snapshot import TargetSnapshot
+from spark_jobs.delta_merge.stage_timing import stage
 from spark_jobs.delta_merge.table_features import (
     TableConstraints,
     change_data_feed_enabled,
@@ -55,7 +57,7 @@ from spark_jobs.delta_merge.table_scan import (
     scan_files,
     scan_for_join,
 )
-from spark_jobs.delta_merge.touched_files import TouchedFiles, find_touched_files
+from spark_jobs.delta_merge.touched_files import ACTS_COLUMN, TouchedFiles, find_touched_files
 from spark_jobs.delta_merge.write import write_empty_change_file, write_merge_output
 
 __all__ = ["MergeOutcome", "classic_merge", "execute_merge", "insert_only_merge"]
@@ -75,17 +77,6 @@ class MergeOutcome:
     read: tuple[LiveFile, ...] = ()
     change_files: tuple[WrittenFile, ...] = ()
     readds: tuple[LiveFile, ...] = ()
-
-
-@contextmanager
-def _stage(spark: SparkSession, description: str) -> Iterator[None]:
-    """Name the Spark jobs of a stage as Delta does, and log one progress line for it."""
-    log.info("%s", description)
-    spark.sparkContext.setJobDescription(description)
-    try:
-        yield
-    finally:
-        spark.sparkContext.setLocalProperty("spark.job.description", None)  # type: ignore[arg-type]
 
 
 def _elapsed_ms(started: float) -> int:
@@ -118,7 +109,7 @@ def _write(
     ``hidden`` columns (long) are written to the data files after the table's. With ``marking``, the
     target rows updated or deleted are marked (``output`` carries their file and row index) and come back
     by file key, for deletion vectors."""
-    with _stage(spark, description):
+    with stage(spark, description):
         if dry_run:
             return _count_rows(output), (), (), {}
         changes: dict[str, Any] = {}
@@ -237,42 +228,64 @@ def insert_only_merge(
     return MergeOutcome(MergeMetrics(**values), (), adds, tuple(candidates))
 
 
+def _matched_changes(
+    joined: DataFrame, *, snapshot: TargetSnapshot, plan: MergePlan, constraints: TableConstraints,
+    tracking: RowTracking | None, source_row_id: str | None, extra: tuple[str, ...] = (ACTS_COLUMN,),
+) -> DataFrame:
+    """Merge-on-read's output for the inner join of source and target rows (see
+    :func:`_marked_rows_and_inserts`), carrying what marks a target row, the ``extra`` columns of the
+    join and the source's row id (``source_row_id``, when there is one)."""
+    carried = (ROW_ID_COLUMN, ROW_COMMIT_VERSION_COLUMN) if tracking is not None else ()
+    marks = (FILE_KEY_COLUMN, ROW_INDEX_COLUMN)
+    source_ids = (source_row_id,) if source_row_id is not None else ()
+    return matched_output(joined, plan=plan, constraints=constraints,
+                          change_data=change_data_feed_enabled(snapshot),
+                          carried=(*carried, *marks, *extra, *source_ids))  # fmt: skip
+
+
 def _marked_rows_and_inserts(
-    spark: SparkSession, source: DataFrame, uncounted_source: DataFrame, *, snapshot: TargetSnapshot,
-    plan: MergePlan, removes: tuple[LiveFile, ...], tracking: RowTracking | None,
-    constraints: TableConstraints, change_data: bool, deduplicate_deletes: bool, carried: tuple[str, ...],
-    broadcast_source: bool, matched_source_ids: DataFrame | None = None, source_row_id: str | None = None,
+    spark: SparkSession, source: DataFrame, *, snapshot: TargetSnapshot, plan: MergePlan,
+    removes: tuple[LiveFile, ...], tracking: RowTracking | None, constraints: TableConstraints,
+    deduplicate_deletes: bool, broadcast_source: bool, kept: DataFrame | None = None,
+    source_row_id: str | None = None,
 ) -> DataFrame:
     """Merge-on-read without NOT MATCHED BY SOURCE clauses: no target row that matches nothing is needed.
 
-    The changed rows come from an inner join of the source with the touched files (which Spark
-    broadcasts a small source into, reading only the target columns the statement uses, instead of
-    shuffling every row of the files), the inserts from an anti join of the source with the target rows
-    that join found (small, so broadcast too) rather than with every row of the files; or, given
-    ``matched_source_ids`` (the ``source_row_id`` of every source row that matched, from finding the
-    touched files), from an anti join with those, which reads no target file at all.
+    The changed rows come from the inner join of the source with the touched files: ``kept`` (its
+    :func:`_matched_changes`, computed by the scan that found the touched files), or else joined again
+    here (Spark broadcasts a small source into it and reads only the target columns the statement uses,
+    instead of shuffling every row of the files). The inserts are the source rows that joined no target
+    row: with ``kept``, an anti join on ``source_row_id`` (the source's row id, the same in every scan
+    of a materialized source), else an anti join with the target rows the join found (small, so
+    broadcast too) rather than with every row of the files.
     """
-    target = scan_for_join(spark, snapshot, removes, row_tracking=tracking)
-    joined = target.matches(source, source_alias=plan.source_alias, target_alias=plan.target_alias,
-                            condition=plan.condition, broadcast_source=broadcast_source)  # fmt: skip
-    output = matched_output(joined, plan=plan, constraints=constraints, change_data=change_data,
-                            deduplicate_deletes=deduplicate_deletes,
-                            carried=(*carried, FILE_KEY_COLUMN, ROW_INDEX_COLUMN))  # fmt: skip
-    if tracking is not None and carried:
+    joined: DataFrame | None = None
+    if kept is None:
+        target = scan_for_join(spark, snapshot, removes, row_tracking=tracking)
+        joined = target.matches(source, source_alias=plan.source_alias, target_alias=plan.target_alias,
+                                condition=plan.condition, broadcast_source=broadcast_source)  # fmt: skip
+        output = _matched_changes(joined, snapshot=snapshot, plan=plan, constraints=constraints,
+                                  tracking=tracking, source_row_id=None, extra=())  # fmt: skip
+    else:
+        output = kept
+    if deduplicate_deletes:
+        output = first_match_per_target_row(output)
+    if tracking is not None:
         output = with_materialized_columns(output, tracking, action_column=ACTION_COLUMN)
     # Matched rows no clause changes stay in their files: neither written nor handed to Python.
     output = output.filter(F.col(ACTION_COLUMN) != int(Action.COPY))
     if not plan.clauses_of("not_matched"):
         return output
-    if matched_source_ids is not None and source_row_id is not None:
-        matched = matched_source_ids.select(source_row_id)
-        unmatched = uncounted_source.join(matched, source_row_id, "left_anti")
+    if joined is None:
+        if kept is None or source_row_id is None:
+            raise ValueError("merge-on-read's kept rows need the source's row id to find the inserts")
+        unmatched = source.join(kept.select(source_row_id), source_row_id, "left_anti")
         inserted = insert_only_output(unmatched, None, plan=plan.only_inserts(), constraints=constraints)
     else:
         # Every target row some source row matches is in `joined`: the touched files are all with a match.
         quoted = [f.name.replace("`", "``") for f in snapshot.schema.fields]
         matched_targets = joined.select(*[F.col(f"`{plan.target_alias}`.`{c}`") for c in quoted])
-        inserted = insert_only_output(uncounted_source, matched_targets, plan=plan.only_inserts(),
+        inserted = insert_only_output(source, matched_targets, plan=plan.only_inserts(),
                                       constraints=constraints)  # fmt: skip
     output = output.unionByName(inserted, allowMissingColumns=True)
     if not snapshot.partition_columns:
@@ -289,17 +302,20 @@ def classic_merge(
 ) -> MergeOutcome:
     by_key = {file_key(snapshot, f): f for f in candidates}
     started = time.monotonic()
-    # Merge-on-read's inserts are the source rows no target row matched: this scan can name them.
-    keep_matched = source_row_id if (
-        plan.clauses_of("not_matched") and not plan.clauses_of("not_matched_by_source")
-        and writes_deletion_vectors(spark, snapshot)
-    ) else None  # fmt: skip
-    with _stage(spark, "MERGE operation - scanning files for matches"):
+    # Merge-on-read without NOT MATCHED BY SOURCE clauses changes only target rows the source matches:
+    # the rows this scan joins are all it needs of the target, with the stable row ids of row tracking.
+    # Its inserts are the source rows that joined nothing, found by the source's row id.
+    keep_joined = source_row_id is not None and not plan.clauses_of("not_matched_by_source") and (
+        writes_deletion_vectors(spark, snapshot))  # fmt: skip
+    tracking = row_tracking(snapshot) if keep_joined else None
+    keep = partial(_matched_changes, snapshot=snapshot, plan=plan, constraints=constraints, tracking=tracking,
+                   source_row_id=source_row_id) if keep_joined else None  # fmt: skip
+    with stage(spark, "MERGE operation - scanning files for matches"):
         if candidates:
-            candidate_rows = scan_for_join(spark, snapshot, candidates)
+            candidate_rows = scan_for_join(spark, snapshot, candidates, row_tracking=tracking)
             touched = find_touched_files(
                 source, candidate_rows, plan=plan, all_candidate_keys=list(by_key),
-                broadcast_source=broadcast_source, keep_matched=keep_matched,
+                broadcast_source=broadcast_source, keep=keep,
             )  # fmt: skip
         else:
             # An empty join side would let Spark skip the source scan, so count the source directly.
@@ -308,7 +324,7 @@ def classic_merge(
         return _classic_merge_of_touched(
             spark, source, snapshot=snapshot, plan=plan, candidates=candidates, constraints=constraints,
             target_file_size=target_file_size, dry_run=dry_run, broadcast_source=broadcast_source,
-            touched=touched, scan_ms=_elapsed_ms(started), kept_matches=keep_matched,
+            touched=touched, scan_ms=_elapsed_ms(started), source_row_id=source_row_id,
         )
     finally:
         touched.release()
@@ -317,17 +333,25 @@ def classic_merge(
 def _classic_merge_of_touched(
     spark: SparkSession, source: DataFrame, *, snapshot: TargetSnapshot, plan: MergePlan,
     candidates: list[LiveFile], constraints: TableConstraints, target_file_size: int, dry_run: bool,
-    broadcast_source: bool, touched: TouchedFiles, scan_ms: int, kept_matches: str | None,
+    broadcast_source: bool, touched: TouchedFiles, scan_ms: int, source_row_id: str | None,
 ) -> MergeOutcome:
-    """:func:`classic_merge` once the touched files are known (``kept_matches``: the source row id
-    column whose matched ids ``touched`` kept)."""
+    """:func:`classic_merge` once the touched files are known (``source_row_id``: the source's row id
+    column, or None)."""
     by_key = {file_key(snapshot, f): f for f in candidates}
+    unknown = sorted(touched.file_keys - by_key.keys())
+    if unknown:
+        raise MergeExecutionError(
+            f"The scan for matches named target files that are not among the {len(by_key)} candidate files "
+            f"(first: {unknown[0]!r}); nothing was written. This is a bug of the merge job: please report it."
+        )
     removes = tuple(by_key[k] for k in sorted(touched.file_keys))
     check_writable(snapshot, removes_files=bool(removes))
     log.info("%d of %d candidate files touched", len(removes), len(candidates))
     started = time.monotonic()
-    uncounted_source = source
-    source, second_scan_rows = counted(source, "merge_source_rows_second_scan")
+    # The kept rows are the second scan of a materialized source: its rows are the first scan's.
+    kept = touched.kept_rows
+    if kept is None:
+        source, second_scan_rows = counted(source, "merge_source_rows_second_scan")
     # Delta's deduplicateCDFDeletes: with the change data feed, a target row deleted by several matches
     # is deleted once; without it, the counts are compensated below.
     change_data = bool(removes) and change_data_feed_enabled(snapshot)
@@ -340,10 +364,9 @@ def _classic_merge_of_touched(
     carried = (ROW_ID_COLUMN, ROW_COMMIT_VERSION_COLUMN) if hidden else ()
     if marking and not plan.clauses_of("not_matched_by_source"):
         output = _marked_rows_and_inserts(
-            spark, source, uncounted_source, snapshot=snapshot, plan=plan, removes=removes, tracking=tracking,
-            constraints=constraints, change_data=change_data, deduplicate_deletes=deduplicate,
-            carried=carried, broadcast_source=broadcast_source,
-            matched_source_ids=touched.matched_source_rows, source_row_id=kept_matches,
+            spark, source, snapshot=snapshot, plan=plan, removes=removes, tracking=tracking,
+            constraints=constraints, deduplicate_deletes=deduplicate, broadcast_source=broadcast_source,
+            kept=kept, source_row_id=source_row_id,
         )
     elif removes:
         target = scan_files(spark, snapshot, removes, row_tracking=tracking,
@@ -402,10 +425,11 @@ def _classic_merge_of_touched(
         # row once per matching source row. Count target rows, as Delta does (its delete-only compensation).
         deleted = int(Action.DELETE_MATCHED)
         counts = {**counts, deleted: counts.get(deleted, 0) - touched.extra_matches}
-    second_scan = second_scan_rows() if output is not None else touched.num_source_rows
+    second_scan = (second_scan_rows() if output is not None and kept is None
+                   else touched.num_source_rows)
     # With deletion vectors, Delta counts as removed only the files no row of which is left.
-    kept = {f.path for f in readds}
-    emptied = tuple(f for f in removes if f.path not in kept)
+    still_live = {f.path for f in readds}
+    emptied = tuple(f for f in removes if f.path not in still_live)
     values: dict[str, Any] = {
         **_row_metrics(counts), **_file_metrics(snapshot, candidates, emptied, adds, change_files),
         **dv_metrics,

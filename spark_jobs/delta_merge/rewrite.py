@@ -29,6 +29,7 @@ __all__ = [
     "VIOLATION_COLUMN",
     "Action",
     "classic_output",
+    "first_match_per_target_row",
     "insert_only_output",
     "matched_output",
 ]
@@ -199,15 +200,20 @@ def matched_output(
     :data:`FILE_KEY_COLUMN` and :data:`ROW_INDEX_COLUMN`, which identify them.
     """
     if deduplicate_deletes:
-        # Only one unconditional DELETE matches: each target row is deleted once, whatever matched it.
-        target_row = [FILE_KEY_COLUMN, ROW_INDEX_COLUMN]
-        first = F.row_number().over(Window.partitionBy(*target_row).orderBy(*target_row))
-        joined = joined.withColumn(_MATCH_NUMBER, first).filter(F.col(_MATCH_NUMBER) == 1)
+        joined = first_match_per_target_row(joined)
     matched = [(i, c) for i, c in enumerate(plan.clauses) if c.when == "matched"]
     nulls = [F.lit(None).cast(f.dataType) for f in plan.final_schema.fields]
     with_clause = joined.withColumn(_CLAUSE_COLUMN, _first_clause(matched, _COPY))
     return _outputs(with_clause, plan, nulls, constraints, preimage=plan.copy_values if change_data else (),
                     carried=carried)
+
+
+def first_match_per_target_row(rows: DataFrame) -> DataFrame:
+    """One of the rows of each target row (:data:`FILE_KEY_COLUMN`, :data:`ROW_INDEX_COLUMN`): when only
+    one unconditional DELETE matches, each target row is deleted once, whatever matched it."""
+    target_row = [FILE_KEY_COLUMN, ROW_INDEX_COLUMN]
+    first = F.row_number().over(Window.partitionBy(*target_row).orderBy(*target_row))
+    return rows.withColumn(_MATCH_NUMBER, first).filter(F.col(_MATCH_NUMBER) == 1).drop(_MATCH_NUMBER)
 
 
 def insert_only_output(

@@ -250,10 +250,16 @@ class JoinScan:
     """Target rows for an inner join with the source, and what completes the joined rows: after
     ``complete``, every joined row carries its target row's :data:`FILE_KEY_COLUMN` and
     :data:`ROW_INDEX_COLUMN` (and, with row tracking, its stable row id and commit version), and pairs
-    whose target row a deletion vector deletes are gone."""
+    whose target row a deletion vector deletes are gone.
+
+    ``rows`` carry their file's URI for ``complete``; ``rows_without_file_uri``, when given, are the
+    same rows without it, for a broadcast join: its stream side is read in the task that joins it, so
+    ``input_file_name()`` names the file of a joined row there.
+    """
 
     rows: DataFrame
     complete: Callable[[DataFrame], DataFrame]
+    rows_without_file_uri: DataFrame | None = None
 
     def matches(
         self, source: DataFrame, *, source_alias: str, target_alias: str, condition: str,
@@ -262,6 +268,13 @@ class JoinScan:
         """The completed inner join of ``source`` (as ``source_alias``, broadcast when
         ``broadcast_source``) with these rows (as ``target_alias``) on ``condition``."""
         left = F.broadcast(source) if broadcast_source else source
+        if broadcast_source and self.rows_without_file_uri is not None:
+            # A broadcast join reads the target's rows in the same task as it joins them: the file being
+            # read is known there for the few rows that match, where `_metadata.file_path` would be built
+            # as a string on every row read (half the scan's time on a key-only read).
+            rows = self.rows_without_file_uri.alias(target_alias)
+            joined = left.alias(source_alias).join(rows, on=F.expr(condition), how="inner")
+            return self.complete(joined.withColumn(_FILE_URI_COLUMN, F.input_file_name()))
         rows = self.rows.alias(target_alias)
         return self.complete(left.alias(source_alias).join(rows, on=F.expr(condition), how="inner"))
 
@@ -288,12 +301,12 @@ def scan_for_join(
     mode = snapshot.column_mapping_mode
     data_schema = physical_read_schema(schema, mode)
     data_schema = StructType(data_schema.fields + [StructField(c, LongType()) for c in tracked])
-    rows = spark.read.schema(data_schema).parquet(*[file_uri(snapshot, f) for f in files]).select(
+    read = spark.read.schema(data_schema).parquet(*[file_uri(snapshot, f) for f in files])
+    columns = [
         *[logical_column(f, mode) for f in schema.fields],
         *[F.col(f"`{c}`") for c in tracked],
-        F.col("_metadata.file_path").alias(_FILE_URI_COLUMN),
         F.col("_metadata.row_index").alias(ROW_INDEX_COLUMN),
-    )
+    ]
     with_vectors = [f for f in files if f.deletion_vector is not None]
 
     def complete(joined: DataFrame) -> DataFrame:
@@ -308,4 +321,8 @@ def scan_for_join(
             )
         return keyed
 
-    return JoinScan(rows, complete)
+    return JoinScan(
+        rows=read.select(*columns, F.col("_metadata.file_path").alias(_FILE_URI_COLUMN)),
+        complete=complete,
+        rows_without_file_uri=read.select(*columns),
+    )

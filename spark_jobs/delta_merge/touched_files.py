@@ -14,7 +14,10 @@ from spark_jobs.delta_merge.merge_plan import MergePlan
 from spark_jobs.delta_merge.row_counter import counted
 from spark_jobs.delta_merge.table_scan import FILE_KEY_COLUMN, ROW_INDEX_COLUMN, JoinScan
 
-__all__ = ["MULTIPLE_MATCHES_MESSAGE", "TouchedFiles", "find_touched_files"]
+__all__ = ["ACTS_COLUMN", "MULTIPLE_MATCHES_MESSAGE", "TouchedFiles", "find_touched_files"]
+
+# On every joined row: 1 when some MATCHED clause may act on it (its file is touched), else 0.
+ACTS_COLUMN = "__merge_acts"
 
 MULTIPLE_MATCHES_MESSAGE = (
     "Cannot perform Merge as multiple source rows matched and attempted to modify the same target row in "
@@ -32,20 +35,19 @@ class TouchedFiles:
 
     :param extra_matches: joined (source, target) pairs beyond one per matched target row; non-zero
         only when multiple matches are allowed (a single unconditional DELETE).
-    :param matched_source_rows: with ``keep_matched``, the joined pairs, with the row ids of the source
-        rows that matched a target row in the column of that name (kept until :meth:`release`).
+    :param kept_rows: with ``keep``, what it made of the joined rows, kept until :meth:`release`.
     """
 
     file_keys: frozenset[str]
     matched_target_rows: int
     num_source_rows: int
     extra_matches: int = 0
-    matched_source_rows: DataFrame | None = None
+    kept_rows: DataFrame | None = None
 
     def release(self) -> None:
-        """Drop the kept row ids of matched source rows (:func:`find_touched_files`'s ``keep_matched``)."""
-        if self.matched_source_rows is not None:
-            self.matched_source_rows.unpersist()
+        """Drop the kept rows (:func:`find_touched_files`'s ``keep``)."""
+        if self.kept_rows is not None:
+            self.kept_rows.unpersist()
 
 
 def _matched_predicate(plan: MergePlan) -> str:
@@ -63,12 +65,16 @@ def _matched_predicate(plan: MergePlan) -> str:
 
 def find_touched_files(
     source: DataFrame, target: JoinScan, *, plan: MergePlan, all_candidate_keys: Sequence[str],
-    broadcast_source: bool = False, keep_matched: str | None = None,
+    broadcast_source: bool = False, keep: Callable[[DataFrame], DataFrame] | None = None,
 ) -> TouchedFiles:
     """Join the source with the candidate target rows (broadcasting the source when
-    ``broadcast_source``); a target row is its (file, row index). With ``keep_matched`` (the source's
-    row id column), the joined pairs are kept, so that the ids of the source rows that matched need no
-    second scan of the target.
+    ``broadcast_source``); a target row is its (file, row index).
+
+    :param keep: what to keep (in memory, spilling to disk) of the joined rows, computed from them
+        in the same pass: each of its rows must carry :data:`FILE_KEY_COLUMN`, :data:`ROW_INDEX_COLUMN`
+        and :data:`ACTS_COLUMN` of a joined row. Merge-on-read without NOT MATCHED BY SOURCE clauses
+        needs nothing else of the target, so the touched files are not scanned a second time; Spark
+        reads only the target columns ``keep`` uses.
 
     Raises :class:`MultipleSourceRowMatchesError` when a target row is matched by two or more source
     rows, unless the only MATCHED clause is an unconditional DELETE. With NOT MATCHED BY SOURCE
@@ -78,24 +84,23 @@ def find_touched_files(
     joined = target.matches(source, source_alias=plan.source_alias, target_alias=plan.target_alias,
                             condition=plan.condition, broadcast_source=broadcast_source)  # fmt: skip
     acts = F.coalesce(F.expr(_matched_predicate(plan)), F.lit(False)).cast("int")
-    pairs = joined.select(FILE_KEY_COLUMN, ROW_INDEX_COLUMN, acts.alias("acts"),
-                          *([F.col(keep_matched)] if keep_matched else []))  # fmt: skip
-    if keep_matched:
-        pairs = pairs.persist(StorageLevel.MEMORY_AND_DISK)
+    joined = joined.withColumn(ACTS_COLUMN, acts)
+    kept = keep(joined).persist(StorageLevel.MEMORY_AND_DISK) if keep is not None else None
+    pairs = (joined if kept is None else kept).select(FILE_KEY_COLUMN, ROW_INDEX_COLUMN, ACTS_COLUMN)
     try:
-        return _touched(pairs, source_rows, plan=plan, all_candidate_keys=all_candidate_keys,
-                        keep_matched=keep_matched)  # fmt: skip
+        return _touched(pairs, source_rows, plan=plan, all_candidate_keys=all_candidate_keys, kept_rows=kept)
     except BaseException:
-        pairs.unpersist()
+        if kept is not None:
+            kept.unpersist()
         raise
 
 
 def _touched(
     pairs: DataFrame, source_rows: Callable[[], int], *, plan: MergePlan, all_candidate_keys: Sequence[str],
-    keep_matched: str | None,
+    kept_rows: DataFrame | None,
 ) -> TouchedFiles:
     per_row = pairs.groupBy(FILE_KEY_COLUMN, ROW_INDEX_COLUMN).agg(
-        F.count(F.lit(1)).alias("matches"), F.max("acts").alias("acts")
+        F.count(F.lit(1)).alias("matches"), F.max(ACTS_COLUMN).alias("acts")
     )
     per_file = per_row.groupBy(FILE_KEY_COLUMN).agg(
         F.max("matches").alias("max_matches"), F.count(F.lit(1)).alias("rows"), F.max("acts").alias("acts"),
@@ -115,5 +120,5 @@ def _touched(
         matched_target_rows=sum(int(r["rows"]) for r in found),
         num_source_rows=num_source_rows,
         extra_matches=sum(int(r["extra_matches"]) for r in found),
-        matched_source_rows=pairs if keep_matched else None,
+        kept_rows=kept_rows,
     )
