@@ -9,6 +9,8 @@ from spark_jobs.delta_merge.contract import DELTA_METRIC_NAMES, MergeMetrics
 
 __all__ = ["format_metrics_table", "format_summary", "to_xcom"]
 
+# The time of each stage, listed on a line of its own after the table.
+_STAGES = "stageTimesMs"
 _EXTRA_NAMES = tuple(name for name in MergeMetrics.__dataclass_fields__ if name not in DELTA_METRIC_NAMES)
 
 
@@ -46,14 +48,20 @@ def format_summary(target: str, metrics: Mapping[str, Any]) -> str:
 
 
 def format_metrics_table(metrics: Mapping[str, Any], *, columns: int = 3) -> str:
-    """The metrics of :class:`MergeMetrics` as aligned ``name value`` cells, ``columns`` per line."""
-    names = [name for name in (*DELTA_METRIC_NAMES, *_EXTRA_NAMES) if name in metrics]
+    """The metrics of :class:`MergeMetrics` as aligned ``name value`` cells, ``columns`` per line, then
+    the time of each stage."""
+    names = [name for name in (*DELTA_METRIC_NAMES, *_EXTRA_NAMES) if name in metrics and name != _STAGES]
     name_width = max((len(name) for name in names), default=0)
     # Numbers set the width; a long text value (materializeSourceReason) only widens its own cell.
     value_width = max((len(str(metrics[name])) for name in names if _is_number(metrics[name])), default=0)
     cells = [f"{name:<{name_width}} {metrics[name]!s:>{value_width}}" for name in names]
     rows = [cells[i : i + columns] for i in range(0, len(cells), columns)]
-    return "\n".join("  " + "   ".join(row) for row in rows)
+    lines = ["  " + "   ".join(row) for row in rows]
+    stages = metrics.get(_STAGES) or {}
+    if stages:
+        lines.append("  stages: " + ", ".join(f"{name.removeprefix('MERGE operation - ')} {ms} ms"
+                                              for name, ms in stages.items()))  # fmt: skip
+    return "\n".join(lines)
 
 
 def _is_number(value: object) -> bool:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 __all__ = ["DELTA_METRIC_NAMES", "MergeMetrics"]
@@ -80,6 +80,10 @@ class MergeMetrics:
     tableVersion: int = -1
     skipped: bool = False
     dryRun: bool = False
+    # What the merge cost its Spark session (not in the Delta log): its Spark jobs, and the milliseconds
+    # of each stage by the name its Spark jobs carry (for a merge that was skipped, none).
+    numSparkJobs: int = 0
+    stageTimesMs: Mapping[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict for XCom, the JSON line and tests."""
@@ -88,7 +92,8 @@ class MergeMetrics:
     def operation_metrics(self) -> dict[str, int]:
         """The counts and times Delta records in ``commitInfo.operationMetrics`` (the commit writes them
         as Delta's strings)."""
-        skip = {"materializeSourceReason", "readVersion", "tableVersion", "skipped", "dryRun"}
+        skip = {"materializeSourceReason", "readVersion", "tableVersion", "skipped", "dryRun", "numSparkJobs",
+                "stageTimesMs"}
         return {f.name: int(getattr(self, f.name)) for f in fields(self) if f.name not in skip}
 
     def with_values(self, **values: Any) -> MergeMetrics:
@@ -115,7 +120,9 @@ class MergeMetrics:
             field_ = known.get(key)
             if field_ is None:
                 continue
-            if field_.type in ("bool", bool):
+            if key == "stageTimesMs":
+                values[key] = {str(name): int(ms) for name, ms in dict(raw or {}).items()}
+            elif field_.type in ("bool", bool):
                 values[key] = raw if isinstance(raw, bool) else str(raw).lower() == "true"
             elif field_.type in ("str", str):
                 values[key] = str(raw)

@@ -29,6 +29,7 @@ from spark_jobs.delta_merge.source import (
 )
 from spark_jobs.delta_merge.spark_statement import check_with_spark_parser
 from spark_jobs.delta_merge.spec import MergeSpec, ParsedMerge
+from spark_jobs.delta_merge.stage_timing import measured_merge, stage
 
 __all__ = ["run_merge", "session_confs"]
 
@@ -99,10 +100,14 @@ def run_merge(spark: SparkSession, spec: MergeSpec | Mapping[str, Any]) -> Merge
         log.info("MERGE skipped: app transaction %s v%s is already in the log (version %d)",
                  spec.run.app_id, spec.run.app_version, applied.tableVersion)
         return applied
-    with session_confs(spark, _merge_confs(spark, spec)):
+    with session_confs(spark, _merge_confs(spark, spec)), measured_merge(spark) as cost:
         for attempt in range(1, MATERIALIZE_MAX_ATTEMPTS + 1):
             try:
-                return _run_attempt(spark, spec, parsed, started=started, attempt=attempt)
+                metrics = _run_attempt(spark, spec, parsed, started=started, attempt=attempt)
+                spark_jobs = cost.spark_jobs(spark)
+                log.info("MERGE ran %d Spark jobs; stages (ms): %s", spark_jobs,
+                         ", ".join(f"{name}: {ms}" for name, ms in cost.stage_ms.items()))  # fmt: skip
+                return metrics.with_values(numSparkJobs=spark_jobs, stageTimesMs=dict(cost.stage_ms))
             except MaterializedSourceLostError as lost:
                 if attempt == MATERIALIZE_MAX_ATTEMPTS:
                     raise MergeExecutionError(
@@ -123,25 +128,28 @@ def _run_attempt(
     spark: SparkSession, spec: MergeSpec, parsed: ParsedMerge, *, started: float, attempt: int
 ) -> MergeMetrics:
     """One run of the merge from its snapshot to its commit."""
-    snapshot = load_snapshot(spec.target.uri, storage_options=dict(spec.target.storage_options))
+    with stage(spark, "MERGE operation - loading the target's snapshot"):
+        snapshot = load_snapshot(spec.target.uri, storage_options=dict(spec.target.storage_options))
     log.info(
         "MERGE into %s at version %d (%d files)", spec.target.uri, snapshot.version, len(snapshot.files)
     )
-    source_read = read_source(spark, spec.source)
-    if parsed.source_query is not None:
-        source_read = read_statement_source(spark, source_read, parsed.source_query)
-    plan = resolve_merge(
-        spark, parsed, target_schema=snapshot.schema, source_schema=source_read.df.schema,
-        options=spec.options,
-    )
-    # New columns of a column-mapped table need their physical names before anything is written.
-    mapped = map_new_fields(snapshot.configuration, snapshot.schema, plan.final_schema,
-                            mode=snapshot.column_mapping_mode)
-    plan = replace(plan, final_schema=mapped)
-    source = materialize_source(
-        source_read, columns=plan.source_columns, options=spec.options, insert_only=parsed.is_insert_only,
-        attempt=attempt,
-    )
+    with stage(spark, "MERGE operation - resolving the statement"):
+        source_read = read_source(spark, spec.source)
+        if parsed.source_query is not None:
+            source_read = read_statement_source(spark, source_read, parsed.source_query)
+        plan = resolve_merge(
+            spark, parsed, target_schema=snapshot.schema, source_schema=source_read.df.schema,
+            options=spec.options,
+        )
+        # New columns of a column-mapped table need their physical names before anything is written.
+        mapped = map_new_fields(snapshot.configuration, snapshot.schema, plan.final_schema,
+                                mode=snapshot.column_mapping_mode)
+        plan = replace(plan, final_schema=mapped)
+    with stage(spark, "MERGE operation - materializing the source"):
+        source = materialize_source(
+            source_read, columns=plan.source_columns, options=spec.options,
+            insert_only=parsed.is_insert_only, attempt=attempt,
+        )
     log.info("source prepared: materialized=%s (%s)%s", source.materialized, source.reason,
              f", storage level {source.storage_level}" if source.materialized else "")
     try:
@@ -169,4 +177,5 @@ def _run_attempt(
     check_expectations(metrics.to_dict(), spec.expected_metrics)
     if spec.options.dry_run:
         return metrics.with_values(dryRun=True, tableVersion=snapshot.version)
-    return commit_merge(spark, spec, snapshot=snapshot, plan=plan, outcome=outcome, metrics=metrics)
+    with stage(spark, "MERGE operation - committing"):
+        return commit_merge(spark, spec, snapshot=snapshot, plan=plan, outcome=outcome, metrics=metrics)

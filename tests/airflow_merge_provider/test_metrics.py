@@ -43,9 +43,13 @@ def test_summary_line() -> None:
 
 
 def test_table_lists_every_metric_once_in_aligned_columns() -> None:
-    table = format_metrics_table(to_xcom({"numSourceRows": 1234567}, app_id="a", app_version=0))
+    stages = {"MERGE operation - scanning files for matches": 1500, "MERGE operation - committing": 20}
+    raw = {"numSourceRows": 1234567, "stageTimesMs": stages}
+    table = format_metrics_table(to_xcom(raw, app_id="a", app_version=0))
     lines = table.splitlines()
-    assert len(lines) == 12  # 36 metrics, three a line
+    assert len(lines) == 14  # 37 metrics, three a line, then the stages
+    assert lines[-1] == "  stages: scanning files for matches 1500 ms, committing 20 ms"
+    lines = lines[:-1]
     cells = " ".join(lines).split()
     for name in DELTA_METRIC_NAMES:
         assert cells.count(name) == 1
