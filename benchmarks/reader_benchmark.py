@@ -38,7 +38,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from merge_benchmark import Layout, build_target, start_spark  # noqa: E402
+from merge_bench.data import Layout, build_target  # noqa: E402
+from merge_bench.engines import start_spark  # noqa: E402
 
 
 def _deleted(paths: Sequence[str], rows_per_file: int, seed: int) -> dict[str, list[int]]:

@@ -1,0 +1,306 @@
+"""The merge benchmark's engines (this job, its copy-on-write, delta-rs, a naive Spark rewrite) and one
+timed, checked run of an engine on a case."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from deltalake import DeltaTable, QueryBuilder
+
+from . import ROOT
+from .cases import MergeCase
+from .data import COLUMNS, SourceInfo, pristine_dir, restore
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, SparkSession
+
+__all__ = [
+    "ALL_ENGINES",
+    "DV_ENGINES",
+    "ENGINES",
+    "JOB_ENGINES",
+    "Engine",
+    "Outcome",
+    "delta_rs_engine",
+    "job_engine",
+    "job_spec",
+    "naive_engine",
+    "run_one",
+    "start_spark",
+]
+
+ENGINES = ("job", "delta-rs", "naive")
+# --deletion-vectors: the job merging on read (its default on such a table), the same job copying on write
+# (Delta's spark.databricks.delta.merge.deletionVectors.persistent=false for its runs), and delta-rs.
+DV_ENGINES = ("job", "job-cow", "delta-rs")
+ALL_ENGINES = (*ENGINES, "job-cow")
+JOB_ENGINES = ("job", "job-cow")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one engine did in one run, in common names, plus its own metrics as reported."""
+
+    files_removed: int
+    files_added: int
+    rows_copied: int
+    rows_inserted: int
+    rows_updated: int
+    rows_deleted: int
+    raw: dict[str, Any]
+
+
+# (case, source, target table path, scratch dir) -> outcome; each engine times only its own work.
+Engine = Callable[[MergeCase, SourceInfo, Path, Path], Outcome]
+
+
+def job_engine(spark: SparkSession, *, copy_on_write: bool = False) -> Engine:
+    """This project's job, in-process: ``run_merge(spark, spec_dict)``; with ``copy_on_write``, with
+    Delta's ``spark.databricks.delta.merge.deletionVectors.persistent=false`` set for the run (the touched
+    files of a deletion-vector table are rewritten, as on any other table)."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from spark_jobs.delta_merge import run_merge
+    from spark_jobs.delta_merge.deletion_vector_updates import PERSISTENT_DELETION_VECTORS_CONF
+
+    def run(case: MergeCase, source: SourceInfo, target: Path, scratch: Path) -> Outcome:
+        if copy_on_write:
+            with _session_conf(spark, PERSISTENT_DELETION_VECTORS_CONF, "false"):
+                metrics = run_merge(spark, job_spec(case, source, target)).to_dict()
+        else:
+            metrics = run_merge(spark, job_spec(case, source, target)).to_dict()
+        spark.catalog.clearCache()
+        return Outcome(
+            metrics["numTargetFilesRemoved"],
+            metrics["numTargetFilesAdded"],
+            metrics["numTargetRowsCopied"],
+            metrics["numTargetRowsInserted"],
+            metrics["numTargetRowsUpdated"],
+            metrics["numTargetRowsDeleted"],
+            metrics,
+        )
+
+    return run
+
+
+def job_spec(case: MergeCase, source: SourceInfo, target: Path) -> dict[str, Any]:
+    """The merge spec (structural form) of ``case``."""
+    clauses = [
+        {"when": c.when, "action": c.action} | ({"condition": c.condition} if c.condition else {})
+        for c in case.clauses
+    ]
+    return {
+        "target": {"uri": str(target)},
+        "source": {"uri": source.path, "format": "parquet"},
+        "target_alias": "t",
+        "source_alias": "s",
+        "condition": "t.id = s.id",
+        "clauses": clauses,
+    }
+
+
+def delta_rs_engine(case: MergeCase, source: SourceInfo, target: Path, scratch: Path) -> Outcome:
+    """delta-rs's merge in its fast mode for small sources; the source's parquet read is included."""
+    merger = DeltaTable(str(target)).merge(
+        source=pq.read_table(source.path),
+        predicate="t.id = s.id",
+        source_alias="s",
+        target_alias="t",
+        streamed_exec=False,
+    )
+    for clause in case.clauses:
+        if clause.action == "update_all":
+            merger = merger.when_matched_update_all(clause.condition)
+        elif clause.action == "delete":
+            merger = merger.when_matched_delete(clause.condition)
+        else:
+            merger = merger.when_not_matched_insert_all(clause.condition)
+    metrics = merger.execute()
+    return Outcome(
+        metrics["num_target_files_removed"],
+        metrics["num_target_files_added"],
+        metrics["num_target_rows_copied"],
+        metrics["num_target_rows_inserted"],
+        metrics["num_target_rows_updated"],
+        metrics["num_target_rows_deleted"],
+        metrics,
+    )
+
+
+def naive_engine(spark: SparkSession) -> Engine:
+    """Rewrite everything: read all live files, full outer join, write all rows with Spark's writer."""
+    from pyspark.sql import functions as F
+
+    def run(case: MergeCase, source: SourceInfo, target: Path, scratch: Path) -> Outcome:
+        files = DeltaTable(str(target)).file_uris()
+        joined = (
+            spark.read.parquet(*files)
+            .alias("t")
+            .join(spark.read.parquet(source.path).alias("s"), F.col("t.id") == F.col("s.id"), "full_outer")
+        )
+        in_t, in_s = F.col("t.id").isNotNull(), F.col("s.id").isNotNull()
+        # Delta's clause semantics: the first clause of a kind whose condition holds acts; a matched row
+        # no clause acts on is copied, a source row no clause acts on is dropped.
+        branches: list[tuple[Column, str]] = []
+        for clause in case.clauses:
+            present = (in_t & in_s) if clause.when == "matched" else (in_s & ~in_t)
+            branches.append(
+                (present & F.expr(clause.condition) if clause.condition else present, clause.action)
+            )
+        branches.append((in_t, "copy"))
+        action = F.when(branches[0][0], F.lit(branches[0][1]))
+        for condition, name in branches[1:]:
+            action = action.when(condition, F.lit(name))
+        from_source = F.col("_action").isin("update_all", "insert_all")
+        merged = (
+            joined.withColumn("_action", action)
+            .where(F.col("_action").isin("copy", "update_all", "insert_all"))
+            .select(
+                *(F.when(from_source, F.col(f"s.{c}")).otherwise(F.col(f"t.{c}")).alias(c) for c in COLUMNS)
+            )
+        )
+        output = scratch / "naive-output"
+        with _session_conf(spark, "spark.sql.shuffle.partitions", str(len(files))):
+            merged.write.mode("overwrite").parquet(str(output))
+        return Outcome(len(files), 0, 0, 0, 0, 0, {"output": str(output)})
+
+    return run
+
+
+@contextlib.contextmanager
+def _session_conf(spark: SparkSession, key: str, value: str) -> Iterator[None]:
+    previous = spark.conf.get(key, None)
+    spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        if previous is None:
+            spark.conf.unset(key)
+        else:
+            spark.conf.set(key, previous)
+
+
+def naive_outcome(outcome: Outcome, source: SourceInfo) -> Outcome:
+    """The naive rewrite's counts, from its output's parquet footers (untimed)."""
+    parts = sorted(Path(outcome.raw["output"]).glob("part-*.parquet"))
+    rows = sum(pq.read_metadata(part).num_rows for part in parts)
+    exp = source.expected
+    copied = rows - exp["inserted"] - exp["updated"]
+    raw = outcome.raw | {"output_files": len(parts), "output_rows": rows}
+    return Outcome(
+        outcome.files_removed, len(parts), copied, exp["inserted"], exp["updated"], exp["deleted"], raw
+    )
+
+
+def rows_after(engine: str, outcome: Outcome, target: Path, *, live: bool = False) -> int:
+    """Rows in the result: the table's row count (from its stats), or the naive output's. With ``live``,
+    the rows a scan returns (deltalake's ``count(*)``, which honours deletion vectors; the stats'
+    ``numRecords`` still count the rows a vector deletes)."""
+    if engine == "naive":
+        return int(outcome.raw["output_rows"])
+    table = DeltaTable(str(target))
+    if not live:
+        return table.count()
+    result = QueryBuilder().register("t", table).execute("SELECT count(*) AS n FROM t").read_all()
+    return int(pa.table(result).column("n")[0].as_py())
+
+
+def deletion_vector_counts(outcome: Outcome) -> dict[str, int]:
+    """The job's deletion vector metrics; ``rows_marked`` (rows updated or deleted, marked in vectors
+    instead of rewritten) is 0 when the run wrote no vector (copy-on-write)."""
+    raw = outcome.raw
+    counts = {
+        "added": int(raw.get("numTargetDeletionVectorsAdded", 0)),
+        "updated": int(raw.get("numTargetDeletionVectorsUpdated", 0)),
+        "removed": int(raw.get("numTargetDeletionVectorsRemoved", 0)),
+    }
+    marking = counts["added"] + counts["updated"] > 0
+    counts["rows_marked"] = outcome.rows_updated + outcome.rows_deleted if marking else 0
+    return counts
+
+
+def start_spark(driver_memory: str) -> SparkSession:
+    """One local session for the whole benchmark (its ~8 s start is not measured)."""
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    spark = (
+        SparkSession.builder.master("local[*]")
+        .appName("merge-benchmark")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.memory", driver_memory)
+        .config("spark.sql.session.timeZone", "UTC")
+        # The naive baseline passes every file path too; no engine should pay a parallel listing job.
+        .config("spark.sql.sources.parallelPartitionDiscovery.threshold", "1000000")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("WARN")
+    return spark
+
+
+def run_one(
+    engine: str,
+    run: Engine,
+    case: MergeCase,
+    source: SourceInfo,
+    work: Path,
+    *,
+    repeat: int,
+    warmup: bool,
+    deletion_vectors: bool = False,
+) -> dict[str, Any]:
+    """Restore the table, run one engine once, time it, check the result against the expected one."""
+    target, scratch = work / "target", work / "scratch"
+    restore(pristine_dir(work, deletion_vectors=deletion_vectors), target)
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir()
+    gc.collect()
+    record: dict[str, Any] = {"case": case.name, "engine": engine, "repeat": repeat, "warmup": warmup}
+    started = time.perf_counter()
+    try:
+        outcome = run(case, source, target, scratch)
+    except Exception as error:  # one failing engine must not lose the other measurements
+        record |= {"seconds": None, "error": f"{type(error).__name__}: {str(error)[:2000]}"}
+        print(f"    {engine:<9} FAILED: {record['error'].splitlines()[0][:200]}", flush=True)
+        return record
+    record["seconds"] = time.perf_counter() - started
+    if engine == "naive":
+        outcome = naive_outcome(outcome, source)
+    result_rows = rows_after(engine, outcome, target, live=deletion_vectors)
+    got = {
+        "inserted": outcome.rows_inserted,
+        "updated": outcome.rows_updated,
+        "deleted": outcome.rows_deleted,
+        "rows_after": result_rows,
+    }
+    problems = [
+        f"{key} {got[key]:,} != expected {want:,}"
+        for key, want in source.expected.items()
+        if got[key] != want
+    ]
+    record |= {"outcome": asdict(outcome), "rows_after": result_rows, "problems": problems}
+    dv_note = ""
+    if engine in JOB_ENGINES:
+        record["deletion_vectors"] = dv = deletion_vector_counts(outcome)
+        if deletion_vectors:
+            dv_note = f", {dv['added'] + dv['updated']:>4} DVs, marked {dv['rows_marked']:>10,} rows"
+    note = "  WRONG RESULT: " + "; ".join(problems) if problems else ""
+    print(
+        f"    {engine:<9} {record['seconds']:8.3f} s  removed {outcome.files_removed:>4} files, "
+        f"added {outcome.files_added:>4}, copied {outcome.rows_copied:>12,} rows{dv_note}{note}",
+        flush=True,
+    )
+    return record

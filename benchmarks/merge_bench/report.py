@@ -1,0 +1,220 @@
+"""The merge benchmark's report: medians, targets, the printed tables, machine info, the JSON and chart."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from . import ROOT
+from .cases import TARGETS, Target
+
+__all__ = ["check_targets", "machine_info", "plot", "print_report", "summarize", "write_outputs"]
+
+
+def summarize(
+    runs: Sequence[Mapping[str, Any]], cases: Sequence[str], engines: Sequence[str]
+) -> list[dict[str, Any]]:
+    """Median seconds per (case, engine) over the measured runs, with the median run's counts."""
+    rows: list[dict[str, Any]] = []
+    for case in cases:
+        medians: dict[str, float] = {}
+        for engine in engines:
+            good = [
+                r
+                for r in runs
+                if r["case"] == case
+                and r["engine"] == engine
+                and not r["warmup"]
+                and r["seconds"] is not None
+            ]
+            row: dict[str, Any] = {"case": case, "engine": engine, "runs": len(good), "median_seconds": None}
+            if good:
+                seconds = [r["seconds"] for r in good]
+                median = statistics.median(seconds)
+                closest_run = min(good, key=lambda r: abs(r["seconds"] - median))
+                closest = closest_run["outcome"]
+                medians[engine] = median
+                row |= {
+                    "median_seconds": median,
+                    "min_seconds": min(seconds),
+                    "max_seconds": max(seconds),
+                    "files_removed": closest["files_removed"],
+                    "files_added": closest["files_added"],
+                    "rows_copied": closest["rows_copied"],
+                    "wrong_results": sum(bool(r["problems"]) for r in good),
+                }
+                if "deletion_vectors" in closest_run:  # the job's runs
+                    dv = closest_run["deletion_vectors"]
+                    row |= {"deletion_vectors": dv["added"] + dv["updated"], "rows_marked": dv["rows_marked"]}
+                    # What the median run cost its Spark session: its jobs and the time of each stage.
+                    row |= {"spark_jobs": closest["raw"].get("numSparkJobs"),
+                            "stage_ms": closest["raw"].get("stageTimesMs") or {}}  # fmt: skip
+            rows.append(row)
+        bases = (
+            ("naive", "ratio_vs_naive"),
+            ("delta-rs", "ratio_vs_delta_rs"),
+            ("job-cow", "ratio_vs_job_cow"),
+        )
+        for row in rows[-len(engines) :]:
+            for base, key in bases:
+                mine, theirs = row["median_seconds"], medians.get(base)
+                row[key] = mine / theirs if mine is not None and theirs else None
+    return rows
+
+
+def check_targets(
+    summary: Sequence[Mapping[str, Any]], targets: Sequence[Target] = TARGETS
+) -> list[dict[str, Any]]:
+    """Each goal of ``targets``: PASS, FAIL, or n/a when its case or an engine was not measured."""
+    results = []
+    for goal in targets:
+        job = next((r for r in summary if r["case"] == goal.case and r["engine"] == "job"), None)
+        ratio = job.get(f"ratio_vs_{goal.base.replace('-', '_')}") if job else None
+        result: dict[str, Any] = asdict(goal) | {"ratio": ratio, "status": "n/a", "detail": ""}
+        if job is None or ratio is None:
+            result["detail"] = f"needs the case and the job and {goal.base} engines measured"
+        else:
+            fails = [f"{ratio:.3f}x {goal.base} > {goal.max_ratio}x"] if ratio > goal.max_ratio else []
+            if goal.no_file_removed and job["files_removed"]:
+                fails.append(f"{job['files_removed']} file(s) removed")
+            if goal.merge_on_read and not job.get("deletion_vectors"):
+                fails.append("the job wrote no deletion vector (not merge-on-read)")
+            if job["wrong_results"]:
+                fails.append("wrong results")
+            result["status"] = "FAIL" if fails else "PASS"
+            result["detail"] = "; ".join(fails) or f"{ratio:.3f}x {goal.base}"
+        results.append(result)
+    return results
+
+
+def _fmt(value: Any, spec: str, width: int) -> str:
+    return f"{'-':>{width}}" if value is None else f"{value:>{width}{spec}}"
+
+
+def print_report(summary: Sequence[Mapping[str, Any]], targets: Sequence[Mapping[str, Any]]) -> None:
+    """The summary table (one block per case) and the goals; the job-cow and deletion vector columns
+    only when the job-cow engine ran."""
+    with_cow = any(row["engine"] == "job-cow" for row in summary)
+    header = (
+        f"  {'engine':<9} {'median s':>9} {'runs':>4} {'files removed':>13} {'files added':>11} "
+        f"{'rows copied':>13} {'x naive':>8} {'x delta-rs':>10}"
+        + (f" {'x job-cow':>9} {'DVs':>5} {'rows marked':>12}" if with_cow else "")
+    )
+    print("\n== medians ==")
+    for index, row in enumerate(summary):
+        if index == 0 or row["case"] != summary[index - 1]["case"]:
+            print(f"\n{row['case']}\n{header}")
+        print(
+            f"  {row['engine']:<9} {_fmt(row['median_seconds'], '.3f', 9)} {row['runs']:>4} "
+            f"{_fmt(row.get('files_removed'), ',', 13)} {_fmt(row.get('files_added'), ',', 11)} "
+            f"{_fmt(row.get('rows_copied'), ',', 13)} {_fmt(row.get('ratio_vs_naive'), '.3f', 8)} "
+            f"{_fmt(row.get('ratio_vs_delta_rs'), '.2f', 10)}"
+            + (
+                f" {_fmt(row.get('ratio_vs_job_cow'), '.3f', 9)} {_fmt(row.get('deletion_vectors'), ',', 5)} "
+                f"{_fmt(row.get('rows_marked'), ',', 12)}"
+                if with_cow
+                else ""
+            )
+            + (f"  ({row['wrong_results']} wrong result(s))" if row.get("wrong_results") else "")
+        )
+    print("\n== the job's median runs: Spark jobs, and ms per stage ==")
+    for row in summary:
+        if row.get("spark_jobs") is not None:
+            stages = ", ".join(f"{name.removeprefix('MERGE operation - ')} {ms}"
+                               for name, ms in row["stage_ms"].items())  # fmt: skip
+            print(f"  {row['case']} [{row['engine']}]: {row['spark_jobs']} jobs; {stages}")
+    bases = ", ".join(dict.fromkeys(goal["base"] for goal in targets))
+    print(f"\n== targets (this job vs {bases}) ==")
+    for goal in targets:
+        print(f"  {goal['status']:<4}  {goal['label']:<45} {goal['detail']}")
+
+
+def _memory_kib() -> int | None:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1])
+    return None
+
+
+def machine_info() -> dict[str, Any]:
+    """Enough to tell two result files apart: hardware, load, versions, commit."""
+    versions = {}
+    for name in ("pyspark", "deltalake", "pyarrow", "numpy"):
+        versions[name] = str(getattr(importlib.import_module(name), "__version__", "?"))
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False)
+        return done.stdout.strip()
+
+    return {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "memory_kib": _memory_kib(),
+        "python": sys.version.split()[0],
+        "versions": versions,
+        "git_commit": git("rev-parse", "HEAD"),
+        # What the measured code is: the commit plus uncommitted changes, untracked files included.
+        "git_changes": git("status", "--porcelain").splitlines(),
+        "load_average_at_start": os.getloadavg(),
+    }
+
+
+def plot(results: Mapping[str, Any], path: Path) -> bool:
+    """Grouped bars of median seconds per case and engine (log scale); False without matplotlib."""
+    try:
+        matplotlib: Any = importlib.import_module("matplotlib")
+    except ImportError:
+        return False
+    matplotlib.use("Agg")
+    plt: Any = importlib.import_module("matplotlib.pyplot")
+    summary, engines = results["summary"], results["config"]["engines"]
+    cases = list(dict.fromkeys(row["case"] for row in summary))
+    figure, axes = plt.subplots(figsize=(max(8.0, 2.6 * len(cases)), 6.0))
+    width = 0.8 / max(1, len(engines))
+    for index, engine in enumerate(engines):
+        values = [
+            next((r["median_seconds"] for r in summary if r["case"] == c and r["engine"] == engine), None)
+            for c in cases
+        ]
+        xs = [i + (index - (len(engines) - 1) / 2) * width for i in range(len(cases))]
+        bars = axes.bar(xs, [v or 0.0 for v in values], width, label=engine)
+        axes.bar_label(bars, labels=[f"{v:.2f}" if v else "" for v in values], fontsize=7)
+    labels = [c.replace("_fileMatched", "\nfileMatched").replace("_row", "\nrow") for c in cases]
+    axes.set_xticks(range(len(cases)), labels, fontsize=7)
+    axes.set_yscale("log")
+    axes.set_ylabel("median seconds (log scale)")
+    config = results["config"]
+    kind = " deletion-vector" if config.get("deletion_vectors") else ""
+    axes.set_title(
+        f"MERGE on a {config['rows']:,}-row, {config['files']}-file{kind} Delta table "
+        f"(median of {config['repeats']})"
+    )
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return True
+
+
+def write_outputs(results: dict[str, Any], out: Path) -> None:
+    """JSON (everything) and the PNG chart, named by the start time."""
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"merge_benchmark-{results['started'].replace(':', '').replace('-', '')[:15]}"
+    stem.with_suffix(".json").write_text(json.dumps(results, indent=2, default=str))
+    print(f"\nresults: {stem.with_suffix('.json')}")
+    if plot(results, stem.with_suffix(".png")):
+        print(f"chart:   {stem.with_suffix('.png')}")
+    else:
+        print("chart:   skipped (matplotlib is not installed; see benchmarks/README.md)")
