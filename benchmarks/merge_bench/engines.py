@@ -1,5 +1,5 @@
-"""The merge benchmark's engines (this job, its copy-on-write, delta-rs, a naive Spark rewrite) and one
-timed, checked run of an engine on a case."""
+"""The merge benchmark's engines (this job, its copy-on-write, delta-rs, a naive Spark rewrite, and the
+Arrow read+write floor as a reference) and one timed, checked run of an engine on a case."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import shutil
 import sys
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,7 +21,7 @@ from deltalake import DeltaTable, QueryBuilder
 
 from . import ROOT
 from .cases import MergeCase
-from .data import COLUMNS, SourceInfo, pristine_dir, restore
+from .data import COLUMNS, Layout, SourceInfo, pristine_dir, restore
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, SparkSession
@@ -30,8 +31,10 @@ __all__ = [
     "DV_ENGINES",
     "ENGINES",
     "JOB_ENGINES",
+    "REFERENCE_ENGINES",
     "Engine",
     "Outcome",
+    "arrow_floor_engine",
     "delta_rs_engine",
     "job_engine",
     "job_spec",
@@ -40,12 +43,16 @@ __all__ = [
     "start_spark",
 ]
 
-ENGINES = ("job", "delta-rs", "naive")
+ENGINES = ("job", "delta-rs", "naive", "arrow-floor")
 # --deletion-vectors: the job merging on read (its default on such a table), the same job copying on write
-# (Delta's spark.databricks.delta.merge.deletionVectors.persistent=false for its runs), and delta-rs.
-DV_ENGINES = ("job", "job-cow", "delta-rs")
+# (Delta's spark.databricks.delta.merge.deletionVectors.persistent=false for its runs), delta-rs, and the
+# arrow-floor reference as without the option.
+DV_ENGINES = ("job", "job-cow", "delta-rs", "arrow-floor")
 ALL_ENGINES = (*ENGINES, "job-cow")
 JOB_ENGINES = ("job", "job-cow")
+# Reference lines, not merges: timed and charted, but their results are not checked (they merge nothing,
+# so rows_after and the row counts mean nothing) and no target uses them.
+REFERENCE_ENGINES = ("arrow-floor",)
 
 
 @dataclass(frozen=True)
@@ -178,6 +185,52 @@ def naive_engine(spark: SparkSession) -> Engine:
     return run
 
 
+def arrow_floor_engine(layout: Layout, pristine: Path) -> Engine:
+    """The Arrow read+write floor of a case, a reference line and not a merge: read with pyarrow exactly
+    the files holding the case's matched keys (the files a copy-on-write merge removes; none when no key
+    matches, as in the insert-only cases) and write their rows back to Parquet in the scratch dir, one file
+    per file read. No join, no merge logic, no commit: what reading and rewriting the touched files costs
+    at least. See ``REFERENCE_ENGINES``."""
+    names = _file_names(layout, pristine)
+
+    def run(case: MergeCase, source: SourceInfo, target: Path, scratch: Path) -> Outcome:
+        touched = layout.matched_files(case.file_matched_fraction) if source.matched_rows else []
+        paths = [target / names[index] for index in touched]
+        output = scratch / "arrow-floor-output"
+        output.mkdir()
+
+        def copy(path: Path) -> int:
+            table = pq.read_table(path)
+            pq.write_table(table, output / path.name)
+            return int(table.num_rows)
+
+        # pyarrow releases the GIL: one file per core at a time, as Spark's local[*] and delta-rs use them.
+        with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+            rows = sum(pool.map(copy, paths))
+        raw = {"files_read": len(paths), "rows_written": rows, "output": str(output)}
+        return Outcome(len(paths), len(paths), rows, 0, 0, 0, raw)
+
+    return run
+
+
+def _file_names(layout: Layout, pristine: Path) -> dict[int, str]:
+    """The file name of each of the layout's file indexes, found once (untimed) in the pristine table by
+    each file's smallest id; a restored target has the same names."""
+    index_of_low = {layout.bounds(index)[0]: index for index in range(layout.files)}
+    names: dict[int, str] = {}
+    for uri in DeltaTable(str(pristine)).file_uris():
+        name = Path(uri).name
+        metadata = pq.read_metadata(pristine / name)
+        # id is the first column; its smallest value is in the first row group, the rows being sorted.
+        index = index_of_low.get(metadata.row_group(0).column(0).statistics.min)
+        if index is None or metadata.num_rows != layout.bounds(index)[1] - layout.bounds(index)[0]:
+            raise RuntimeError(f"{pristine / name} is not one of the {layout.files} files of {layout}")
+        names[index] = name
+    if len(names) != layout.files:
+        raise RuntimeError(f"found {len(names)} of the {layout.files} files of {layout} in {pristine}")
+    return names
+
+
 @contextlib.contextmanager
 def _session_conf(spark: SparkSession, key: str, value: str) -> Iterator[None]:
     previous = spark.conf.get(key, None)
@@ -262,7 +315,8 @@ def run_one(
     warmup: bool,
     deletion_vectors: bool = False,
 ) -> dict[str, Any]:
-    """Restore the table, run one engine once, time it, check the result against the expected one."""
+    """Restore the table, run one engine once, time it, check the result against the expected one (a
+    reference engine's is not checked: it merges nothing)."""
     target, scratch = work / "target", work / "scratch"
     restore(pristine_dir(work, deletion_vectors=deletion_vectors), target)
     shutil.rmtree(scratch, ignore_errors=True)
@@ -274,9 +328,17 @@ def run_one(
         outcome = run(case, source, target, scratch)
     except Exception as error:  # one failing engine must not lose the other measurements
         record |= {"seconds": None, "error": f"{type(error).__name__}: {str(error)[:2000]}"}
-        print(f"    {engine:<9} FAILED: {record['error'].splitlines()[0][:200]}", flush=True)
+        print(f"    {engine:<11} FAILED: {record['error'].splitlines()[0][:200]}", flush=True)
         return record
     record["seconds"] = time.perf_counter() - started
+    if engine in REFERENCE_ENGINES:  # not a merge: nothing to check
+        record |= {"outcome": asdict(outcome), "reference": True}
+        print(
+            f"    {engine:<11} {record['seconds']:8.3f} s  read {outcome.files_removed:>4} files, "
+            f"wrote {outcome.files_added:>4}, {outcome.rows_copied:>12,} rows (reference, not a merge)",
+            flush=True,
+        )
+        return record
     if engine == "naive":
         outcome = naive_outcome(outcome, source)
     result_rows = rows_after(engine, outcome, target, live=deletion_vectors)
@@ -299,7 +361,7 @@ def run_one(
             dv_note = f", {dv['added'] + dv['updated']:>4} DVs, marked {dv['rows_marked']:>10,} rows"
     note = "  WRONG RESULT: " + "; ".join(problems) if problems else ""
     print(
-        f"    {engine:<9} {record['seconds']:8.3f} s  removed {outcome.files_removed:>4} files, "
+        f"    {engine:<11} {record['seconds']:8.3f} s  removed {outcome.files_removed:>4} files, "
         f"added {outcome.files_added:>4}, copied {outcome.rows_copied:>12,} rows{dv_note}{note}",
         flush=True,
     )
