@@ -244,10 +244,10 @@ def _matched_changes(
 
 
 def _marked_rows_and_inserts(
-    spark: SparkSession, source: DataFrame, *, snapshot: TargetSnapshot, plan: MergePlan,
-    removes: tuple[LiveFile, ...], tracking: RowTracking | None, constraints: TableConstraints,
-    deduplicate_deletes: bool, broadcast_source: bool, kept: DataFrame | None = None,
-    source_row_id: str | None = None,
+    spark: SparkSession, source: DataFrame, uncounted_source: DataFrame, *, snapshot: TargetSnapshot,
+    plan: MergePlan, removes: tuple[LiveFile, ...], tracking: RowTracking | None,
+    constraints: TableConstraints, deduplicate_deletes: bool, broadcast_source: bool,
+    kept: DataFrame | None = None, source_row_id: str | None = None,
 ) -> DataFrame:
     """Merge-on-read without NOT MATCHED BY SOURCE clauses: no target row that matches nothing is needed.
 
@@ -257,7 +257,8 @@ def _marked_rows_and_inserts(
     instead of shuffling every row of the files). The inserts are the source rows that joined no target
     row: with ``kept``, an anti join on ``source_row_id`` (the source's row id, the same in every scan
     of a materialized source), else an anti join with the target rows the join found (small, so
-    broadcast too) rather than with every row of the files.
+    broadcast too) rather than with every row of the files. ``source`` counts the rows of the second
+    scan where the join reads it; the inserts read ``uncounted_source``, so that no row counts twice.
     """
     joined: DataFrame | None = None
     if kept is None:
@@ -279,13 +280,13 @@ def _marked_rows_and_inserts(
     if joined is None:
         if kept is None or source_row_id is None:
             raise ValueError("merge-on-read's kept rows need the source's row id to find the inserts")
-        unmatched = source.join(kept.select(source_row_id), source_row_id, "left_anti")
+        unmatched = uncounted_source.join(kept.select(source_row_id), source_row_id, "left_anti")
         inserted = insert_only_output(unmatched, None, plan=plan.only_inserts(), constraints=constraints)
     else:
         # Every target row some source row matches is in `joined`: the touched files are all with a match.
         quoted = [f.name.replace("`", "``") for f in snapshot.schema.fields]
         matched_targets = joined.select(*[F.col(f"`{plan.target_alias}`.`{c}`") for c in quoted])
-        inserted = insert_only_output(source, matched_targets, plan=plan.only_inserts(),
+        inserted = insert_only_output(uncounted_source, matched_targets, plan=plan.only_inserts(),
                                       constraints=constraints)  # fmt: skip
     output = output.unionByName(inserted, allowMissingColumns=True)
     if not snapshot.partition_columns:
@@ -350,6 +351,7 @@ def _classic_merge_of_touched(
     started = time.monotonic()
     # The kept rows are the second scan of a materialized source: its rows are the first scan's.
     kept = touched.kept_rows
+    uncounted_source = source
     if kept is None:
         source, second_scan_rows = counted(source, "merge_source_rows_second_scan")
     # Delta's deduplicateCDFDeletes: with the change data feed, a target row deleted by several matches
@@ -364,9 +366,9 @@ def _classic_merge_of_touched(
     carried = (ROW_ID_COLUMN, ROW_COMMIT_VERSION_COLUMN) if hidden else ()
     if marking and not plan.clauses_of("not_matched_by_source"):
         output = _marked_rows_and_inserts(
-            spark, source, snapshot=snapshot, plan=plan, removes=removes, tracking=tracking,
-            constraints=constraints, deduplicate_deletes=deduplicate, broadcast_source=broadcast_source,
-            kept=kept, source_row_id=source_row_id,
+            spark, source, uncounted_source, snapshot=snapshot, plan=plan, removes=removes,
+            tracking=tracking, constraints=constraints, deduplicate_deletes=deduplicate,
+            broadcast_source=broadcast_source, kept=kept, source_row_id=source_row_id,
         )
     elif removes:
         target = scan_files(spark, snapshot, removes, row_tracking=tracking,
