@@ -73,3 +73,13 @@ def copy_on_write(spark: SparkSession) -> Iterator[None]:
     spark.conf.set(PERSISTENT_DELETION_VECTORS_CONF, "false")
     yield
     spark.conf.unset(PERSISTENT_DELETION_VECTORS_CONF)
+
+
+@pytest.fixture
+def copy_by_position(spark: SparkSession) -> Iterator[None]:
+    """Copy-on-write merges copy the unchanged rows of touched files by position, however small they are."""
+    from spark_jobs.delta_merge.copy_by_position import COPY_BY_POSITION_CONF
+
+    spark.conf.set(COPY_BY_POSITION_CONF, "0")
+    yield
+    spark.conf.unset(COPY_BY_POSITION_CONF)

@@ -22,7 +22,10 @@ from pyspark.sql.types import ArrayType, DataType, LongType, MapType, StringType
 from spark_jobs.delta_merge.arrow_store import arrow_filesystem
 from spark_jobs.delta_merge.column_mapping import ARROW_FIELD_ID_KEY
 
-__all__ = ["FILE_PATH", "ROW_INDEX", "ArrowScanFile", "is_object_store", "read_parquet_files"]
+__all__ = [
+    "FILE_PATH", "ROW_INDEX", "ArrowScanFile", "FileScan", "file_scan", "is_object_store", "read_file",
+    "read_parquet_files",
+]
 
 # The columns a scan adds after the requested ones.
 FILE_PATH = "__merge_file"
@@ -50,7 +53,10 @@ class ArrowScanFile:
 
 
 @dataclass(frozen=True)
-class _ScanPlan:
+class FileScan:
+    """How to read files as ``read_schema`` (see :func:`read_parquet_files`): ``output`` is the Arrow
+    schema of the batches :func:`read_file` yields, ``root`` picks the file system."""
+
     root: str
     read_schema: StructType
     output: pa.Schema
@@ -85,13 +91,10 @@ def read_parquet_files(
 
     :param root: the table root (or any URI on the files' store) that picks the file system.
     """
-    from spark_jobs.delta_merge.write import arrow_schema
-
+    plan = file_scan(root, read_schema, storage_options=storage_options)
     out_fields = [StructField(f.name, _nullable(f.dataType), True) for f in read_schema.fields]
     out_fields += [StructField(ROW_INDEX, LongType()), StructField(FILE_PATH, StringType())]
     out_schema = StructType(out_fields)
-    plan = _ScanPlan(root=root, read_schema=read_schema, output=arrow_schema(out_schema),
-                     storage_options=dict(storage_options or {}))  # fmt: skip
     rows = [(i, f.path, f.key, [int(r) for r in f.deleted_rows]) for i, f in enumerate(files)]
     # One slice per file: each task reads one file, and a large table spreads over the executors.
     tasks = spark.createDataFrame(spark.sparkContext.parallelize(rows, max(1, len(rows))), _TASK_SCHEMA)
@@ -100,20 +103,36 @@ def read_parquet_files(
     return tasks.mapInArrow(functools.partial(_read_task, plan), positional).toDF(*out_schema.names)
 
 
-def _read_task(plan: _ScanPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+def file_scan(
+    root: str, read_schema: StructType, *, storage_options: Mapping[str, str] | None = None
+) -> FileScan:
+    """The plan of reading files of ``root``'s store as ``read_schema`` with :func:`read_file`."""
+    from spark_jobs.delta_merge.write import arrow_schema
+
+    out_fields = [StructField(f.name, _nullable(f.dataType), True) for f in read_schema.fields]
+    out_fields += [StructField(ROW_INDEX, LongType()), StructField(FILE_PATH, StringType())]
+    return FileScan(root=root, read_schema=read_schema, output=arrow_schema(StructType(out_fields)),
+                    storage_options=dict(storage_options or {}))  # fmt: skip
+
+
+def _read_task(plan: FileScan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """Runs on executors: read each listed file batch by batch."""
     fs, _ = arrow_filesystem(plan.root, plan.storage_options)
     for batch in batches:
         for task in batch.to_pylist():
-            yield from _read_file(plan, fs, task["path"], task["key"], task["deleted"])
+            yield from read_file(plan, fs, task["path"], task["key"], task["deleted"])
 
 
-def _read_file(plan: _ScanPlan, fs: Any, path: str, key: str, deleted: list[int]) -> Iterator[pa.RecordBatch]:
+def read_file(
+    plan: FileScan, fs: Any, path: str, key: str, deleted: Sequence[int] | np.ndarray
+) -> Iterator[pa.RecordBatch]:
+    """The rows of one file as ``plan.output`` (``read_schema``'s columns, then the row's index in the
+    file and ``key``), batch by batch, the ``deleted`` row indexes left out."""
     parquet = pq.ParquetFile(path, filesystem=fs)
     file_schema = parquet.schema_arrow
     sources = [_file_field(file_schema, f) for f in plan.read_schema.fields]
     wanted = sorted({file_schema.get_field_index(s.name) for s in sources if s is not None})
-    dropped = np.asarray(sorted(deleted), dtype=np.int64)
+    dropped = np.sort(np.asarray(deleted, dtype=np.int64))
     offset = 0
     names = [file_schema.field(i).name for i in wanted]
     # A file none of whose columns are requested still has rows (e.g. a table of partition columns only).
@@ -126,7 +145,7 @@ def _read_file(plan: _ScanPlan, fs: Any, path: str, key: str, deleted: list[int]
             _conformed(data.column(s.name) if s is not None else None, target, count, out.type)
             for s, target, out in zip(sources, plan.read_schema.fields, plan.output, strict=False)
         ]
-        columns += [pa.array(index), pa.array([key] * count, pa.string())]
+        columns += [pa.array(index), pa.repeat(pa.scalar(key, pa.string()), count)]
         out = pa.RecordBatch.from_arrays(columns, names=[f"_c{i}" for i in range(len(columns))])
         if dropped.size:
             out = out.filter(pa.array(~np.isin(index, dropped)))

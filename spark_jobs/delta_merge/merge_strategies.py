@@ -14,6 +14,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StructField, StructType
 
+from spark_jobs.delta_merge.copy_by_position import copies_by_position, copy_unchanged_rows
 from spark_jobs.delta_merge.data_skipping import partition_count, prune_files
 from spark_jobs.delta_merge.deletion_vector_updates import mark_rows, writes_deletion_vectors
 from spark_jobs.delta_merge.errors import ConstraintViolationError, MergeExecutionError, spark_failure
@@ -129,7 +130,7 @@ def _write(
             violation_column=VIOLATION_COLUMN,
             drop_codes=[int(a) for a in DROPPED_ACTIONS],
             target_file_size=target_file_size,
-            num_indexed_cols=int(snapshot.configuration.get("delta.dataSkippingNumIndexedCols", "32")),
+            num_indexed_cols=_num_indexed_cols(snapshot),
             job_description=description,
             column_mapping_mode=snapshot.column_mapping_mode,
             storage_options=snapshot.storage_options,
@@ -138,6 +139,10 @@ def _write(
             **changes,
         )
     return dict(outcome.rows_by_code), tuple(outcome.files), outcome.change_files, outcome.marks
+
+
+def _num_indexed_cols(snapshot: TargetSnapshot) -> int:
+    return int(snapshot.configuration.get("delta.dataSkippingNumIndexedCols", "32"))
 
 
 def _row_metrics(counts: Mapping[int, int]) -> dict[str, int]:
@@ -306,9 +311,11 @@ def classic_merge(
     # Merge-on-read without NOT MATCHED BY SOURCE clauses changes only target rows the source matches:
     # the rows this scan joins are all it needs of the target, with the stable row ids of row tracking.
     # Its inserts are the source rows that joined nothing, found by the source's row id.
+    may_copy = not dry_run and copies_by_position(spark, candidates, constraints)
     keep_joined = source_row_id is not None and not plan.clauses_of("not_matched_by_source") and (
-        writes_deletion_vectors(spark, snapshot))  # fmt: skip
+        writes_deletion_vectors(spark, snapshot) or may_copy)  # fmt: skip
     tracking = row_tracking(snapshot) if keep_joined else None
+    tracking = tracking if tracking is not None and tracking.preserves else None
     keep = partial(_matched_changes, snapshot=snapshot, plan=plan, constraints=constraints, tracking=tracking,
                    source_row_id=source_row_id) if keep_joined else None  # fmt: skip
     with stage(spark, "MERGE operation - scanning files for matches"):
@@ -363,11 +370,15 @@ def _classic_merge_of_touched(
     hidden = tracking.materialized_columns if tracking is not None and removes else ()
     # Merge-on-read: changed rows are marked in deletion vectors, copies stay in their files.
     marking = bool(removes) and writes_deletion_vectors(spark, snapshot)
+    # Copy-on-write without NOT MATCHED BY SOURCE clauses: the changed rows are found as merge-on-read
+    # marks them, then every other row of the touched files is copied by position, out of the JVM.
+    copying = bool(removes) and not (marking or dry_run or plan.clauses_of("not_matched_by_source")) and (
+        copies_by_position(spark, removes, constraints))  # fmt: skip
     carried = (ROW_ID_COLUMN, ROW_COMMIT_VERSION_COLUMN) if hidden else ()
-    if marking and not plan.clauses_of("not_matched_by_source"):
+    if (marking or copying) and not plan.clauses_of("not_matched_by_source"):
         output = _marked_rows_and_inserts(
             spark, source, uncounted_source, snapshot=snapshot, plan=plan, removes=removes,
-            tracking=tracking, constraints=constraints, deduplicate_deletes=deduplicate,
+            tracking=tracking if hidden else None, constraints=constraints, deduplicate_deletes=deduplicate,
             broadcast_source=broadcast_source, kept=kept, source_row_id=source_row_id,
         )
     elif removes:
@@ -394,11 +405,20 @@ def _classic_merge_of_touched(
     marks: Mapping[str, BitMap64] = {}
     if output is not None:
         description = (f"MERGE operation - writing changed rows of {len(removes)} files with deletion vectors"
-                       if marking else f"MERGE operation - Rewriting {len(removes)} files")  # fmt: skip
+                       if marking else f"MERGE operation - writing changed rows of {len(removes)} files"
+                       if copying else f"MERGE operation - Rewriting {len(removes)} files")  # fmt: skip
         counts, adds, change_files, marks = _write(
             spark, output, snapshot=snapshot, plan=plan, target_file_size=target_file_size, dry_run=dry_run,
-            description=description, change_data=change_data, hidden=hidden, marking=marking,
+            description=description, change_data=change_data, hidden=hidden, marking=marking or copying,
         )
+    if copying:
+        with stage(spark, f"MERGE operation - copying unchanged rows of {len(removes)} files"):
+            copies = copy_unchanged_rows(
+                spark, snapshot, removes, marks, schema=plan.final_schema, hidden_columns=hidden,
+                target_file_size=target_file_size, num_indexed_cols=_num_indexed_cols(snapshot),
+            )
+        adds = tuple(sorted(adds + copies.files, key=lambda f: f.path))
+        counts = {**counts, int(Action.COPY): counts.get(int(Action.COPY), 0) + copies.rows}
     readds: tuple[LiveFile, ...] = ()
     dv_metrics: dict[str, int] = {}
     if marking and not dry_run:

@@ -9,7 +9,7 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from spark_jobs.delta_merge.errors import MultipleSourceRowMatchesError
+from spark_jobs.delta_merge.errors import MultipleSourceRowMatchesError, spark_failure
 from spark_jobs.delta_merge.merge_plan import MergePlan
 from spark_jobs.delta_merge.row_counter import counted
 from spark_jobs.delta_merge.table_scan import FILE_KEY_COLUMN, ROW_INDEX_COLUMN, JoinScan
@@ -89,6 +89,24 @@ def find_touched_files(
     pairs = (joined if kept is None else kept).select(FILE_KEY_COLUMN, ROW_INDEX_COLUMN, ACTS_COLUMN)
     try:
         return _touched(pairs, source_rows, plan=plan, all_candidate_keys=all_candidate_keys, kept_rows=kept)
+    except Exception as exc:
+        if kept is not None:
+            kept.unpersist()
+        failure = spark_failure(exc)
+        if failure is None:
+            raise
+        if kept is not None:
+            # Delta finds the touched files before it computes any clause's output: a target row matched by
+            # several source rows is the error to report, even where an output fails too.
+            pairs = joined.select(FILE_KEY_COLUMN, ROW_INDEX_COLUMN, ACTS_COLUMN)
+            try:
+                _touched(pairs, source_rows, plan=plan, all_candidate_keys=all_candidate_keys, kept_rows=None)
+            except Exception as first:
+                earlier = spark_failure(first)
+                if earlier is None:
+                    raise
+                raise earlier from first
+        raise failure from exc
     except BaseException:
         if kept is not None:
             kept.unpersist()

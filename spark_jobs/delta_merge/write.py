@@ -32,7 +32,16 @@ from spark_jobs.delta_merge.write_task import (
     write_task,
 )
 
-__all__ = ["WriteOutcome", "arrow_schema", "write_empty_change_file", "write_merge_output"]
+__all__ = [
+    "WriteOutcome",
+    "arrow_schema",
+    "data_file_plan",
+    "failure_summary",
+    "task_violation",
+    "write_empty_change_file",
+    "write_merge_output",
+    "written_file",
+]
 
 
 @dataclass(frozen=True)
@@ -122,26 +131,17 @@ def write_merge_output(
     if bool(mark_codes) != (mark_columns is not None):
         raise ValueError("write_merge_output: mark_codes and mark_columns go together")
     extra += list(mark_columns or ())
-    full_schema, data_schema, file_partitions = _file_layout(schema, partition_columns, column_mapping_mode)
-    logical_data = pa.schema(
-        [f for f in arrow_schema(schema) if f.name not in partition_columns and f.name not in hidden_columns]
-    )
-    leaves = indexed_leaves(logical_data, num_indexed_cols=num_indexed_cols, stats_columns=stats_columns)
-    plan = WriteTaskPlan(
-        root=_normalize_root(table_root),
-        input_schema=full_schema,
-        data_schema=data_schema,
-        partition_columns=file_partitions,
-        partition_types=tuple(schema[c].dataType for c in partition_columns),
-        leaves=tuple(replace(leaf, path=physical_path(schema, leaf.path, column_mapping_mode))
-                     for leaf in leaves),
+    plan = replace(
+        data_file_plan(
+            table_root=table_root, schema=schema, partition_columns=partition_columns,
+            hidden_columns=hidden_columns, target_file_size=target_file_size,
+            num_indexed_cols=num_indexed_cols, stats_columns=stats_columns,
+            column_mapping_mode=column_mapping_mode, storage_options=storage_options,
+        ),
         drop_codes=tuple(sorted({int(c) for c in drop_codes})),
-        target_file_size=target_file_size,
         check_violations=violation_column is not None,
         change_types=tuple(sorted((change_types or {}).items())),
         preimage_change_types=tuple(sorted((preimage_change_types or {}).items())),
-        hidden_count=len(hidden_columns),
-        storage_options=dict(storage_options or {}),
         mark_codes=tuple(sorted({int(c) for c in mark_codes})),
     )
     output = df.select(*[F.col(_quoted(n)).alias(n) for n in names], *[F.col(_quoted(c)) for c in extra])
@@ -158,7 +158,7 @@ def write_merge_output(
             rows = job.collect()
     except Exception as exc:
         orphans = f"files already written under {table_root} are not in the Delta log; VACUUM removes them"
-        violation = _violation(exc)
+        violation = task_violation(exc)
         if violation is not None:
             message = f"{violation}\nNothing was committed ({orphans})."
             raise ConstraintViolationError.from_text(message) from exc
@@ -169,7 +169,7 @@ def write_merge_output(
             ) from exc
         raise MergeExecutionError(
             f"Writing the merge output under {table_root} failed; nothing was committed (files already "
-            f"written there are not in the Delta log; VACUUM removes them). Cause: {_summary(exc)}"
+            f"written there are not in the Delta log; VACUUM removes them). Cause: {failure_summary(exc)}"
         ) from exc
     files: list[WrittenFile] = []
     change_files: list[WrittenFile] = []
@@ -177,7 +177,7 @@ def write_merge_output(
     marks: dict[str, BitMap64] = {}
     for row in rows:
         if row["kind"] in ("file", "cdc"):
-            (files if row["kind"] == "file" else change_files).append(_written_file(row.asDict()))
+            (files if row["kind"] == "file" else change_files).append(written_file(row.asDict()))
         elif row["kind"] == "marks":
             bitmap = BitMap64.deserialize(bytes(row["marks"]))
             marks[row["path"]] = marks[row["path"]] | bitmap if row["path"] in marks else bitmap
@@ -187,6 +187,34 @@ def write_merge_output(
     change_files.sort(key=lambda f: f.path)
     return WriteOutcome(files=tuple(files), rows_by_code=MappingProxyType(dict(counts)),
                         change_files=tuple(change_files), marks=MappingProxyType(marks))
+
+
+def data_file_plan(
+    *, table_root: str, schema: StructType, partition_columns: Sequence[str], target_file_size: int,
+    hidden_columns: Sequence[str] = (), num_indexed_cols: int = DEFAULT_NUM_INDEXED_COLS,
+    stats_columns: Sequence[str] | None = None, column_mapping_mode: str = "none",
+    storage_options: Mapping[str, str] | None = None,
+) -> WriteTaskPlan:
+    """How a task writes data files of ``schema`` (partition and ``hidden_columns`` included, see
+    :func:`write_merge_output`): the layout, names and statistics every data file of the table gets."""
+    full_schema, data_schema, file_partitions = _file_layout(schema, partition_columns, column_mapping_mode)
+    logical_data = pa.schema(
+        [f for f in arrow_schema(schema) if f.name not in partition_columns and f.name not in hidden_columns]
+    )
+    leaves = indexed_leaves(logical_data, num_indexed_cols=num_indexed_cols, stats_columns=stats_columns)
+    return WriteTaskPlan(
+        root=_normalize_root(table_root),
+        input_schema=full_schema,
+        data_schema=data_schema,
+        partition_columns=file_partitions,
+        partition_types=tuple(schema[c].dataType for c in partition_columns),
+        leaves=tuple(replace(leaf, path=physical_path(schema, leaf.path, column_mapping_mode))
+                     for leaf in leaves),
+        drop_codes=(),
+        target_file_size=target_file_size,
+        hidden_count=len(hidden_columns),
+        storage_options=dict(storage_options or {}),
+    )
 
 
 def write_empty_change_file(
@@ -209,7 +237,7 @@ def write_empty_change_file(
         target_file_size=1,
         storage_options=dict(storage_options or {}),
     )
-    return _written_file(write_empty_file(plan.change_data_plan(), dict(partition_values)))
+    return written_file(write_empty_file(plan.change_data_plan(), dict(partition_values)))
 
 
 def _file_layout(
@@ -222,7 +250,7 @@ def _file_layout(
     return full_schema, pa.schema([f for f in full_schema if f.name not in keys]), keys
 
 
-def _written_file(row: Mapping[str, Any]) -> WrittenFile:
+def written_file(row: Mapping[str, Any]) -> WrittenFile:
     return WrittenFile(
         path=row["path"], size=row["size"], partition_values=json.loads(row["partition_values"]),
         stats_json=row["stats"], num_records=row["num_records"], modification_time=row["modification_time"],
@@ -249,14 +277,14 @@ def _arrow_type(spark_type: DataType) -> pa.DataType:
     return to_arrow_type(spark_type, timezone="UTC")
 
 
-def _summary(exc: BaseException) -> str:
+def failure_summary(exc: BaseException) -> str:
     """The Python error a task raised, out of Spark's wrapper (the whole text stays in __cause__)."""
     text = str(exc)
     raised = re.findall(r"^(?:[\w.]+\.)?(\w*(?:Error|Exception): .+)$", text, flags=re.MULTILINE)
     return raised[-1].strip() if raised else text[:2000]
 
 
-def _violation(exc: BaseException) -> str | None:
+def task_violation(exc: BaseException) -> str | None:
     """The constraint violation a write task reported (JSON after a marker), if that is the failure."""
     match = re.search(re.escape(VIOLATION_MARKER) + r'("(?:[^"\\]|\\.)*")', str(exc))
     if match is None:

@@ -31,9 +31,12 @@ __all__ = [
     "CHANGE_DATA_DIR",
     "CHANGE_TYPE_COLUMN",
     "COMPRESSION",
+    "RESULT_ARROW_SCHEMA",
     "RESULT_SCHEMA",
     "VIOLATION_MARKER",
+    "TaskWriter",
     "WriteTaskPlan",
+    "conform_batch",
     "write_empty_file",
     "write_task",
 ]
@@ -42,7 +45,7 @@ COMPRESSION = "zstd"
 _MAX_ROW_GROUP_BYTES = 64 << 20  # Arrow (uncompressed) bytes per row group, at most
 _MIN_ROW_GROUP_BYTES = 16 << 10
 _TASK_BUFFER_BYTES = 256 << 20  # all partitions' buffered rows in one task, at most
-_RESULT_ARROW_SCHEMA = pa.schema([
+RESULT_ARROW_SCHEMA = pa.schema([
     ("kind", pa.string()), ("path", pa.string()), ("size", pa.int64()), ("num_records", pa.int64()),
     ("modification_time", pa.int64()), ("partition_values", pa.string()), ("stats", pa.string()),
     ("code", pa.int64()), ("count", pa.int64()), ("marks", pa.binary()),
@@ -51,7 +54,7 @@ _RESULT_ARROW_SCHEMA = pa.schema([
 # task saw (kind "count") and per target file some of whose rows a task marked (kind "marks": the file's
 # key in ``path``, the rows' indexes as a serialized 64-bit roaring bitmap in ``marks``).
 _DDL_TYPES = {pa.string(): "string", pa.int64(): "long", pa.binary(): "binary"}
-RESULT_SCHEMA = ", ".join(f"{f.name} {_DDL_TYPES[f.type]}" for f in _RESULT_ARROW_SCHEMA)
+RESULT_SCHEMA = ", ".join(f"{f.name} {_DDL_TYPES[f.type]}" for f in RESULT_ARROW_SCHEMA)
 _ROW_INDEX = "__delta_merge_row"
 # A task reports a constraint violation as this marker and the message as one JSON string: Spark hands
 # the driver only the text of a task's error, and the message has several lines.
@@ -127,8 +130,8 @@ def write_task(plan: WriteTaskPlan, batches: Iterator[pa.RecordBatch]) -> Iterat
 
     context = TaskContext.get()
     task_id = context.partitionId() if context is not None else 0
-    writer = _TaskWriter(plan, task_id)
-    changes = _TaskWriter(plan.change_data_plan(), task_id) if plan.writes_change_data else None
+    writer = TaskWriter(plan, task_id)
+    changes = TaskWriter(plan.change_data_plan(), task_id) if plan.writes_change_data else None
     counts: Counter[int] = Counter()
     marks: dict[str, BitMap64] = {}
     width = len(plan.input_schema)
@@ -150,7 +153,7 @@ def write_task(plan: WriteTaskPlan, batches: Iterator[pa.RecordBatch]) -> Iterat
             if plan.mark_codes:
                 _mark(marks, batch, codes, plan.mark_codes)
             if data.num_rows:
-                writer.write(_conform(data, plan.input_schema))
+                writer.write(conform_batch(data, plan.input_schema))
         rows = writer.close() + (changes.close() if changes is not None else [])
     except BaseException:
         writer.abort()
@@ -160,7 +163,7 @@ def write_task(plan: WriteTaskPlan, batches: Iterator[pa.RecordBatch]) -> Iterat
     rows += [{"kind": "count", "code": code, "count": n} for code, n in sorted(counts.items())]
     rows += [{"kind": "marks", "path": key, "marks": bitmap.serialize()}
              for key, bitmap in sorted(marks.items())]  # fmt: skip
-    yield pa.RecordBatch.from_pylist(rows, schema=_RESULT_ARROW_SCHEMA)
+    yield pa.RecordBatch.from_pylist(rows, schema=RESULT_ARROW_SCHEMA)
 
 
 def _mark(
@@ -183,11 +186,11 @@ def _mark(
 
 def write_empty_file(plan: WriteTaskPlan, partition_values: dict[str, str | None]) -> dict[str, Any]:
     """Runs on the driver: one file of ``plan``'s kind without rows, as a result row of :func:`write_task`."""
-    return _TaskWriter(plan, 0).write_empty(partition_values)[0]
+    return TaskWriter(plan, 0).write_empty(partition_values)[0]
 
 
 def _write_changes(
-    changes: _TaskWriter, plan: WriteTaskPlan, batch: pa.RecordBatch, codes: pa.Array
+    changes: TaskWriter, plan: WriteTaskPlan, batch: pa.RecordBatch, codes: pa.Array
 ) -> None:
     """The batch's change rows: preimages (update_preimage, delete), then written rows (insert,
     update_postimage); copied rows give none. Preimages are of the table columns only."""
@@ -204,7 +207,7 @@ def _write_changes(
             rows = batch.select(columns).filter(pc.equal(codes, pa.scalar(code, codes.type)))
             if not rows.num_rows:
                 continue
-            conformed = _conform(rows, table_columns)
+            conformed = conform_batch(rows, table_columns)
             kind = pa.array([change_type] * rows.num_rows, pa.string())
             changes.write(pa.RecordBatch.from_arrays([*conformed.columns, kind], schema=change_schema))
 
@@ -216,7 +219,7 @@ def _raise_violation(violations: pa.Array) -> None:
     raise ConstraintViolationError(VIOLATION_MARKER + json.dumps(str(first)))
 
 
-def _conform(data: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+def conform_batch(data: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
     """``data`` with exactly ``schema``'s types: UTC timestamps (Spark hands the session time zone),
     plain strings, the table's nullability and field names. NULL in a NOT NULL field is an error."""
     columns = []
@@ -290,7 +293,7 @@ def _has_struct(arrow_type: pa.DataType) -> bool:
     return pa.types.is_list(arrow_type) and _has_struct(arrow_type.value_type)
 
 
-class _TaskWriter:
+class TaskWriter:
     """The files one task has open, one per partition value, rolled over at the target size."""
 
     def __init__(self, plan: WriteTaskPlan, task_id: int) -> None:
@@ -312,18 +315,21 @@ class _TaskWriter:
 
     def write(self, data: pa.RecordBatch) -> None:
         for values, part in _split_by_partition(data, self._plan):
-            key = tuple(values.values())
-            target = self._open.get(key)
-            if target is None:
-                directory = partition_directory(self._plan.partition_columns, values)
-                target = self._open[key] = _OpenFile(values, directory)
-            rows = part.select(self._plan.data_schema.names)
-            size = rows.nbytes
-            target.buffers.append(rows)
-            target.buffered += size
-            self._buffered += size
-            if target.buffered >= self._row_group_bytes:
-                self._flush(target)
+            self.write_partition(values, part.select(self._plan.data_schema.names))
+
+    def write_partition(self, values: dict[str, str | None], rows: pa.RecordBatch) -> None:
+        """Write ``rows`` (``data_schema``'s columns) in the partition of serialized ``values``."""
+        key = tuple(values.values())
+        target = self._open.get(key)
+        if target is None:
+            directory = partition_directory(self._plan.partition_columns, values)
+            target = self._open[key] = _OpenFile(values, directory)
+        size = rows.nbytes
+        target.buffers.append(rows)
+        target.buffered += size
+        self._buffered += size
+        if target.buffered >= self._row_group_bytes:
+            self._flush(target)
         while self._buffered > _TASK_BUFFER_BYTES:
             largest = max(self._open.values(), key=lambda f: f.buffered)
             if not largest.buffered:

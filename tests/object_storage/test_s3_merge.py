@@ -67,9 +67,13 @@ def commit(server: S3Server, bucket: str, table: str, version: int) -> list[dict
     return [json.loads(line) for line in body.read().decode().splitlines() if line.strip()]
 
 
+@pytest.mark.parametrize("by_position", [False, True], ids=["through-spark", "by-position"])
 def test_upsert_from_a_parquet_source_on_s3(
-    spark: Any, s3_server: S3Server, bucket: str, tmp_path: Path
+    spark: Any, s3_server: S3Server, bucket: str, tmp_path: Path, by_position: bool,
+    request: pytest.FixtureRequest,
 ) -> None:
+    if by_position:  # the touched file's unchanged row copied by a pyarrow task reading and writing S3
+        request.getfixturevalue("copy_by_position")
     uri = f"s3://{bucket}/orders"
     options = s3_server.storage_options()
     write_deltalake(uri, kv([(1, "a"), (2, "b")]), storage_options=options)
@@ -87,6 +91,8 @@ def test_upsert_from_a_parquet_source_on_s3(
     added = [a["add"] for a in actions if "add" in a]
     assert len(removed) == 1
     assert sum(json.loads(a["stats"])["numRecords"] for a in added) == 3
+    # By position, the copy is a file of its own; through Spark, one file holds changed and copied rows.
+    assert len(added) == (2 if by_position else 1)
     for add in added:  # every added file is on S3 with the size the log gives
         head = s3_server.client().head_object(Bucket=bucket, Key=f"orders/{add['path']}")
         assert head["ContentLength"] == add["size"]

@@ -18,7 +18,9 @@ pytestmark = pytest.mark.spark
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=[s["id"] for s in SCENARIOS])
-def test_scenario(spark: Any, tmp_path: Path, scenario: dict[str, Any]) -> None:
+def test_scenario(spark: Any, tmp_path: Path, scenario: dict[str, Any], copy_by_position: None) -> None:
+    """Each scenario with copy-on-write's unchanged rows copied by position (the default path of small
+    merges, through Spark's reader, is the one every other merge test takes)."""
     from spark_jobs.delta_merge import run_merge
     from spark_jobs.delta_merge.errors import MergeJobError
 

@@ -15,6 +15,7 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from spark_jobs.delta_merge import run_merge
+from spark_jobs.delta_merge.copy_by_position import COPY_BY_POSITION_CONF
 from tests.delta_reader import read_rows, table_version
 from tests.spark_jobs.submit_harness import Submitted, progress_line
 
@@ -109,6 +110,8 @@ def _kill_when_written(job: Submitted, root: Path, existing: set[str]) -> None:
         ("source prepared", False),
         ("candidate files touched", False),
         ("MERGE operation - Rewriting", False),
+        # Copy-on-write copying by position: the changed rows are written, the copies under way.
+        ("MERGE operation - copying unchanged rows", False),
         ("committing:", None),  # the kill races the commit: either outcome must be consistent
         ("MERGE committed version", True),
     ],
@@ -121,8 +124,10 @@ def test_killed_merge_leaves_one_consistent_version_and_reruns_exactly_once(
     files_before = data_files(target)
 
     # Small Arrow batches: the writer rolls files per batch, so the first file lands early in the write.
-    small_batches = {"spark.sql.execution.arrow.maxRecordsPerBatch": "500"}
-    job = Submitted(spec, tmp_path / "spec.json", confs=small_batches)
+    confs = {"spark.sql.execution.arrow.maxRecordsPerBatch": "500"}
+    if kill_on.startswith("MERGE operation - copying"):
+        confs[COPY_BY_POSITION_CONF] = "0"
+    job = Submitted(spec, tmp_path / "spec.json", confs=confs)
     try:
         line = job.wait_for_line(progress_line(kill_on), timeout=240)
         assert line is not None, job.tail()
@@ -148,7 +153,7 @@ def test_killed_merge_leaves_one_consistent_version_and_reruns_exactly_once(
     ever, live = referenced_files(target)
     orphans = data_files(target) - ever
     assert live <= data_files(target)
-    if kill_on.startswith("MERGE operation - Rewriting"):
+    if kill_on.startswith(("MERGE operation - Rewriting", "MERGE operation - copying")):
         assert orphans, "killed mid-write: some files of the killed attempt are on disk"
 
     # The re-run with the same app id applies the merge exactly once.

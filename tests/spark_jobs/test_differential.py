@@ -326,7 +326,11 @@ def _run_delta_rs(path: Path, case: Case) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("seed", range(NUM_CASES), ids=[f"seed{s}" for s in range(NUM_CASES)])
-def test_same_as_delta_rs(spark: Any, tmp_path: Path, seed: int) -> None:
+def test_same_as_delta_rs(spark: Any, tmp_path: Path, seed: int, request: pytest.FixtureRequest) -> None:
+    if seed % 2:
+        # Odd seeds rewrite touched files copying their unchanged rows by position, even seeds through
+        # Spark's reader (the default for files this small).
+        request.getfixturevalue("copy_by_position")
     from spark_jobs.delta_merge import run_merge
     from spark_jobs.delta_merge.errors import MultipleSourceRowMatchesError
 

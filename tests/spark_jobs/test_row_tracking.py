@@ -129,7 +129,12 @@ def target(tmp_path: Path) -> Path:
     return table
 
 
-def test_upsert_keeps_ids_of_updated_and_copied_rows(spark: Any, target: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("by_position", [False, True], ids=["through-spark", "by-position"])
+def test_upsert_keeps_ids_of_updated_and_copied_rows(
+    spark: Any, target: Path, tmp_path: Path, by_position: bool, request: pytest.FixtureRequest
+) -> None:
+    if by_position:
+        request.getfixturevalue("copy_by_position")
     before, mark, files = stable_ids(target), high_water_mark(target), live_files(target)
     metrics = merge(spark, target, source(tmp_path / "s", kv([(2, "B"), (6, "f"), (7, "g")])), UPSERT)
     version = metrics["tableVersion"]
@@ -176,7 +181,12 @@ def test_two_merges_in_a_row_keep_ids_of_inserted_and_copied_rows(
     check_actions(target, version, mark=mark)
 
 
-def test_deletes_drop_ids_and_copies_keep_theirs(spark: Any, target: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("by_position", [False, True], ids=["through-spark", "by-position"])
+def test_deletes_drop_ids_and_copies_keep_theirs(
+    spark: Any, target: Path, tmp_path: Path, by_position: bool, request: pytest.FixtureRequest
+) -> None:
+    if by_position:
+        request.getfixturevalue("copy_by_position")
     before, mark = stable_ids(target), high_water_mark(target)
     sql = (
         "MERGE INTO t USING s ON t.id = s.id WHEN MATCHED AND s.v = 'x' THEN DELETE "
@@ -254,12 +264,15 @@ def test_ids_are_assigned_for_the_version_the_commit_lands_on(
     assert json.loads(domain["configuration"]) == {"rowIdHighWaterMark": mark + 2}
 
 
-@pytest.mark.parametrize("persistent", [True, False], ids=["merge-on-read", "copy-on-write"])
+@pytest.mark.parametrize(("persistent", "by_position"), [(True, False), (False, False), (False, True)],
+                         ids=["merge-on-read", "copy-on-write", "copy-on-write-by-position"])
 def test_rows_of_a_file_with_a_deletion_vector_keep_their_physical_ids(
-    spark: Any, tmp_path: Path, persistent: bool, request: pytest.FixtureRequest
+    spark: Any, tmp_path: Path, persistent: bool, by_position: bool, request: pytest.FixtureRequest
 ) -> None:
     if not persistent:
         request.getfixturevalue("copy_on_write")
+    if by_position:
+        request.getfixturevalue("copy_by_position")
     # Row 1 (id 2) of the first file is deleted: id 3, at index 2, must keep baseRowId + 2, not + 1.
     table = make_target(tmp_path / "t", kv([(1, "a"), (2, "b"), (3, "c")]), kv([(4, "d")]))
     files = live_files(table)
