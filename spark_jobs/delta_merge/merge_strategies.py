@@ -44,6 +44,7 @@ from spark_jobs.delta_merge.row_tracking import (
     with_materialized_columns,
 )
 from spark_jobs.delta_merge.snapshot import TargetSnapshot
+from spark_jobs.delta_merge.source_key_ranges import joinable_files
 from spark_jobs.delta_merge.stage_timing import stage
 from spark_jobs.delta_merge.table_features import (
     TableConstraints,
@@ -203,22 +204,29 @@ def execute_merge(
         target_alias=plan.target_alias,
     )
     constraints = table_constraints(snapshot)
+    joinable = joinable_files(spark, source, snapshot=snapshot, plan=plan, files=candidates)
+    log.info("%d of %d candidate files may hold keys of the source", len(joinable), len(candidates))
     if plan.parsed.is_insert_only:
         return insert_only_merge(spark, source, snapshot=snapshot, plan=plan, candidates=candidates,
-                            constraints=constraints, target_file_size=target_file_size, dry_run=dry_run)
+                            constraints=constraints, target_file_size=target_file_size, dry_run=dry_run,
+                            joinable=joinable)
     return classic_merge(spark, source, snapshot=snapshot, plan=plan, candidates=candidates,
                     constraints=constraints, target_file_size=target_file_size, dry_run=dry_run,
-                    broadcast_source=broadcast_source, source_row_id=source_row_id)
+                    broadcast_source=broadcast_source, source_row_id=source_row_id, joinable=joinable)
 
 
 def insert_only_merge(
     spark: SparkSession, source: DataFrame, *, snapshot: TargetSnapshot, plan: MergePlan,
     candidates: list[LiveFile], constraints: TableConstraints, target_file_size: int, dry_run: bool,
+    joinable: list[LiveFile] | None = None,
 ) -> MergeOutcome:
+    """Append the source rows that match no target row (:param joinable: the candidates the source's
+    keys may match, default all)."""
     check_writable(snapshot, removes_files=False)
     started = time.monotonic()
     source, source_rows = counted(source, "merge_source_rows")
-    target = scan_files(spark, snapshot, candidates) if candidates else None
+    joinable = candidates if joinable is None else joinable
+    target = scan_files(spark, snapshot, joinable) if joinable else None
     output = insert_only_output(source, target, plan=plan, constraints=constraints)
     # As Delta's InsertOnlyMergeExecutor, even with the change data feed on: no change data files, since
     # readers take the adds of a version without cdc actions as its inserts.
@@ -304,8 +312,11 @@ def _marked_rows_and_inserts(
 def classic_merge(
     spark: SparkSession, source: DataFrame, *, snapshot: TargetSnapshot, plan: MergePlan,
     candidates: list[LiveFile], constraints: TableConstraints, target_file_size: int, dry_run: bool,
-    broadcast_source: bool = False, source_row_id: str | None = None,
+    broadcast_source: bool = False, source_row_id: str | None = None, joinable: list[LiveFile] | None = None,
 ) -> MergeOutcome:
+    """Rewrite (or mark rows of) the touched files and write the inserts (:param joinable: the candidates
+    the source's keys may match, default all: the join reads only these)."""
+    joinable = candidates if joinable is None else joinable
     by_key = {file_key(snapshot, f): f for f in candidates}
     started = time.monotonic()
     # Merge-on-read without NOT MATCHED BY SOURCE clauses changes only target rows the source matches:
@@ -319,8 +330,8 @@ def classic_merge(
     keep = partial(_matched_changes, snapshot=snapshot, plan=plan, constraints=constraints, tracking=tracking,
                    source_row_id=source_row_id) if keep_joined else None  # fmt: skip
     with stage(spark, "MERGE operation - scanning files for matches"):
-        if candidates:
-            candidate_rows = scan_for_join(spark, snapshot, candidates, row_tracking=tracking)
+        if joinable:
+            candidate_rows = scan_for_join(spark, snapshot, joinable, row_tracking=tracking)
             touched = find_touched_files(
                 source, candidate_rows, plan=plan, all_candidate_keys=list(by_key),
                 broadcast_source=broadcast_source, keep=keep,
