@@ -3,9 +3,9 @@ pyarrow in a Spark task, without the rows the merge changed.
 
 A copy-on-write merge rewrites every file it touches, and most rows of a touched file are copied as
 they are. Read by Spark's reader, each copied row would be handed from the JVM to the Python writer.
-Here the merge finds the positions of the rows it changes as merge-on-read marks them, then each task
-reads one touched file with pyarrow where it is stored, leaves those positions out (and the rows its
-deletion vector already deletes) and writes the rest as the write stage writes its files: the same
+Here the merge finds the positions of the rows it changes as merge-on-read marks them, then Spark tasks
+read each touched file with pyarrow where it is stored, leave those positions out (and the rows its
+deletion vector already deletes) and write the rest as the write stage writes its files: the same
 layout, Delta statistics, and row tracking's stable ids and commit versions materialized.
 Written here: no library copies a Delta file's rows by position.
 """
@@ -17,7 +17,7 @@ import json
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -61,6 +61,7 @@ __all__ = ["COPY_BY_POSITION_CONF", "CopiedRows", "copies_by_position", "copy_un
 # rows: one Spark job less, and one file per partition rather than two (the copies and the changed rows).
 COPY_BY_POSITION_CONF = "spark.delta_merge.copyByPosition.minFileBytes"
 _DEFAULT_MIN_FILE_BYTES = 32 << 20
+_T = TypeVar("_T")
 _TASK_SCHEMA = StructType([
     StructField("path", StringType(), False), StructField("dropped", BinaryType(), False),
     StructField("partition_values", StringType(), False), StructField("base_row_id", LongType()),
@@ -116,7 +117,7 @@ def copy_unchanged_rows(
     *, schema: StructType, hidden_columns: Sequence[str], target_file_size: int, num_indexed_cols: int,
 ) -> CopiedRows:
     """Write the rows of ``files`` that ``changed`` (file key -> physical row indexes) does not hold, in
-    one Spark job, a task per file.
+    one Spark job of a few files per task.
 
     :param schema: the table's schema after the merge: its columns a file lacks are written as NULL.
     :param hidden_columns: row tracking's materialized row id and commit version columns, or none: each
@@ -150,7 +151,11 @@ def copy_unchanged_rows(
                       f.base_row_id, f.default_row_commit_version))  # fmt: skip
     if not tasks:
         return CopiedRows((), 0)
-    frame = spark.createDataFrame(spark.sparkContext.parallelize(tasks, len(tasks)), _TASK_SCHEMA)
+    # A few files per task, balanced by size: a task's start costs about as much as copying a small file.
+    slices = min(len(tasks), 2 * max(1, spark.sparkContext.defaultParallelism))
+    groups = _balanced([(f.size, task) for f, task in zip(files, tasks, strict=True)], slices)
+    rows = spark.sparkContext.parallelize(groups, len(groups)).flatMap(lambda group: group)
+    frame = spark.createDataFrame(rows, _TASK_SCHEMA)
     try:
         results = frame.mapInArrow(functools.partial(_copy_task, plan), RESULT_SCHEMA).collect()
     except Exception as exc:
@@ -171,6 +176,18 @@ def copy_unchanged_rows(
     written = sorted((written_file(r.asDict()) for r in results if r["kind"] == "file"), key=lambda f: f.path)
     copied = sum(int(r["count"]) for r in results if r["kind"] == "count")
     return CopiedRows(tuple(written), copied)
+
+
+def _balanced(sized: Sequence[tuple[int, _T]], count: int) -> list[list[_T]]:
+    """``sized`` items in ``count`` groups of about equal total size (largest first, each to the lightest
+    group)."""
+    groups: list[list[_T]] = [[] for _ in range(count)]
+    totals = [0] * count
+    for size, item in sorted(sized, key=lambda pair: -pair[0]):
+        lightest = totals.index(min(totals))
+        groups[lightest].append(item)
+        totals[lightest] += size
+    return [g for g in groups if g]
 
 
 def _store_path(uri: str) -> str:

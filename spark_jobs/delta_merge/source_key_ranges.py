@@ -12,13 +12,24 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Sequence
+from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import ByteType, DateType, IntegerType, LongType, ShortType, StringType, StructType
+from pyspark.sql.types import (
+    ByteType,
+    DataType,
+    DateType,
+    IntegerType,
+    LongType,
+    ShortType,
+    StringType,
+    StructField,
+    StructType,
+)
 from sqlglot import exp
 
-from spark_jobs.delta_merge.data_skipping import prune_files
+from spark_jobs.delta_merge.column_mapping import physical_name
 from spark_jobs.delta_merge.expressions import column_refs, parse_expression, split_conjuncts
 from spark_jobs.delta_merge.files import LiveFile
 from spark_jobs.delta_merge.merge_plan import MergePlan
@@ -26,7 +37,7 @@ from spark_jobs.delta_merge.snapshot import TargetSnapshot
 
 __all__ = ["join_keys", "joinable_files"]
 
-# Key types whose min and max render exactly as SQL literals the statistics compare with.
+# Key types whose statistics compare with the source's min and max exactly, as Python values.
 _RANGE_TYPES = (ByteType, ShortType, IntegerType, LongType, DateType, StringType)
 
 
@@ -34,34 +45,69 @@ def joinable_files(
     spark: SparkSession, source: DataFrame, *, snapshot: TargetSnapshot, plan: MergePlan,
     files: Sequence[LiveFile],
 ) -> list[LiveFile]:
-    """The ``files`` whose statistics allow a row with keys in the source's key ranges (one Spark job for
-    the ranges, one for the statistics); all of them when the statement has NOT MATCHED BY SOURCE
-    clauses (which act on unmatched rows) or no equi-join key of a type ranges are taken on."""
+    """The ``files`` whose statistics allow a row with keys in the source's key ranges: one Spark job for
+    the ranges (none where no file has statistics on a key), the files compared on the driver. All of
+    them when the statement has NOT MATCHED BY SOURCE clauses (which act on unmatched rows) or no
+    equi-join key of a type ranges are taken on."""
     if not files or plan.clauses_of("not_matched_by_source"):
         return list(files)
     equalities = join_keys(
         plan.parsed.condition, target_alias=plan.target_alias, source_alias=plan.source_alias,
         target_schema=plan.target_schema, source_schema=source.schema,
     )  # fmt: skip
-    keys = [(t, s) for t, s in equalities if isinstance(_field_type(plan.target_schema, t), _RANGE_TYPES)]
+    partition_columns = {c.lower() for c in snapshot.partition_columns}
+    keys = [
+        (physical_name(field, snapshot.column_mapping_mode), field.dataType, source_column)
+        for target, source_column in equalities
+        if (field := _field(plan.target_schema, target)).name.lower() not in partition_columns
+        and isinstance(field.dataType, _RANGE_TYPES)
+        and any(_bound(f, "min_values", physical_name(field, snapshot.column_mapping_mode)) is not None
+                for f in files)
+    ]  # fmt: skip
     if not keys:
         return list(files)
     bounds = source.agg(*[
         aggregate(F.col(_quoted(column))).alias(f"{name}{i}")
-        for i, (_, column) in enumerate(keys) for name, aggregate in (("low", F.min), ("high", F.max))
+        for i, (_, _, column) in enumerate(keys) for name, aggregate in (("low", F.min), ("high", F.max))
     ]).collect()[0]  # fmt: skip
-    predicates = []
-    for i, (target, _) in enumerate(keys):
+    ranges = []
+    for i, (name, data_type, _) in enumerate(keys):
         low, high = bounds[f"low{i}"], bounds[f"high{i}"]
         if low is None:
             return []  # no source row has this key: nothing matches
-        literals = _literal(low), _literal(high)
-        if None not in literals:
-            column = f"{_quoted(plan.target_alias)}.{_quoted(target)}"
-            predicates += [f"{column} >= {literals[0]}", f"{column} <= {literals[1]}"]
-    if not predicates:
-        return list(files)
-    return prune_files(spark, snapshot, files, predicates=predicates, target_alias=plan.target_alias)
+        ranges.append((name, data_type, low, high))
+    return [f for f in files if all(_may_hold(f, *key_range) for key_range in ranges)]
+
+
+def _may_hold(live: LiveFile, name: str, data_type: DataType, low: Any, high: Any) -> bool:
+    """Whether ``live``'s statistics allow a value of ``name`` in [``low``, ``high``]: a missing or
+    unreadable bound allows anything. Truncated string bounds still bound (a prefix is below every value it
+    starts, and Delta's truncated maximum is above), and Python orders strings by code point, as UTF-8
+    bytes order."""
+    file_low = _typed(_bound(live, "min_values", name), data_type)
+    file_high = _typed(_bound(live, "max_values", name), data_type)
+    if file_low is not None and file_low > high:
+        return False
+    return not (file_high is not None and file_high < low)
+
+
+def _bound(live: LiveFile, which: str, name: str) -> Any:
+    if live.stats is None:
+        return None
+    value = getattr(live.stats, which).get(name)
+    return None if isinstance(value, (dict, list)) else value
+
+
+def _typed(value: Any, data_type: DataType) -> Any:
+    """A statistic as the source's min and max come (int, date or str), or None if it is not one."""
+    try:
+        if isinstance(data_type, StringType):
+            return value if isinstance(value, str) else None
+        if isinstance(data_type, DateType):
+            return dt.date.fromisoformat(value) if isinstance(value, str) else None
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+    except ValueError:
+        return None
 
 
 def join_keys(
@@ -84,7 +130,7 @@ def join_keys(
         if set(sides) != {"target", "source"}:
             continue
         target, source = sides["target"], sides["source"]
-        if _field_type(target_schema, target) == _field_type(source_schema, source):
+        if _field(target_schema, target).dataType == _field(source_schema, source).dataType:
             keys.append((target, source))
     return keys
 
@@ -115,21 +161,8 @@ def _side(
     return None
 
 
-def _field_type(schema: StructType, name: str) -> object:
-    return next(f.dataType for f in schema.fields if f.name == name)
-
-
-def _literal(value: object) -> str | None:
-    """``value`` as a Spark SQL literal, or None where a literal could differ from the value."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, dt.date):
-        return f"DATE '{value.isoformat()}'"
-    if isinstance(value, str) and "'" not in value and "\\" not in value:
-        return f"'{value}'"
-    return None
+def _field(schema: StructType, name: str) -> StructField:
+    return next(f for f in schema.fields if f.name == name)
 
 
 def _quoted(name: str) -> str:
