@@ -138,8 +138,8 @@ def read_file(
     # A file none of whose columns are requested still has rows (e.g. a table of partition columns only).
     batches = parquet.iter_batches(columns=names) if names else _row_counts(parquet)
     for data in batches:
-        count = data.num_rows
-        index = np.arange(offset, offset + count, dtype=np.int64)
+        count, start = data.num_rows, offset
+        index = np.arange(start, start + count, dtype=np.int64)
         offset += count
         columns = [
             _conformed(data.column(s.name) if s is not None else None, target, count, out.type)
@@ -147,8 +147,12 @@ def read_file(
         ]
         columns += [pa.array(index), pa.repeat(pa.scalar(key, pa.string()), count)]
         out = pa.RecordBatch.from_arrays(columns, names=[f"_c{i}" for i in range(len(columns))])
-        if dropped.size:
-            out = out.filter(pa.array(~np.isin(index, dropped)))
+        # The sorted deleted rows of this batch, by position: no set lookup per row.
+        first, last = np.searchsorted(dropped, [start, start + count])
+        if last > first:
+            keep = np.ones(count, dtype=bool)
+            keep[dropped[first:last] - start] = False
+            out = out.filter(pa.array(keep))
         if out.num_rows:
             yield out
 
