@@ -54,7 +54,7 @@ from spark_jobs.delta_merge.write_task import (
 if TYPE_CHECKING:
     from spark_jobs.delta_merge.snapshot import TargetSnapshot
 
-__all__ = ["COPY_BY_POSITION_CONF", "CopiedRows", "copies_by_position", "copy_unchanged_rows"]
+__all__ = ["COPY_BY_POSITION_CONF", "CopiedRows", "copies_by_position", "copy_unchanged_rows", "size_conf"]
 
 # Copy-on-write copies unchanged rows by position when the files it rewrites hold at least this many
 # bytes; below, they go through Spark's reader and the merge's output, in the job that writes the changed
@@ -76,15 +76,23 @@ def copies_by_position(spark: SparkSession, files: Sequence[LiveFile], constrain
     constraint may have been set without checking the rows already there)."""
     if constraints.checks or constraints.generated:
         return False
-    setting = spark.conf.get(COPY_BY_POSITION_CONF, None)
+    minimum = size_conf(spark, COPY_BY_POSITION_CONF, _DEFAULT_MIN_FILE_BYTES, never="never copy by position")
+    return minimum >= 0 and sum(f.size for f in files) >= minimum
+
+
+def size_conf(spark: SparkSession, name: str, default: int, *, never: str) -> int:
+    """The Spark conf ``name``, a size in bytes (``32m``, ``33554432``; -1: ``never``), else ``default``.
+
+    :raises MergeSpecError: the value is no size, before anything is written.
+    """
+    setting = spark.conf.get(name, None)
     try:
-        minimum = _DEFAULT_MIN_FILE_BYTES if setting is None else _bytes(setting)
+        return default if setting is None else _bytes(setting)
     except ValueError as exc:
         raise MergeSpecError(
-            f"The Spark conf {COPY_BY_POSITION_CONF} must be a size in bytes such as 33554432 or 32m "
-            f"(-1: never copy by position), got {setting!r}."
+            f"The Spark conf {name} must be a size in bytes such as 33554432 or 32m (-1: {never}), "
+            f"got {setting!r}."
         ) from exc
-    return minimum >= 0 and sum(f.size for f in files) >= minimum
 
 
 def _bytes(text: str) -> int:

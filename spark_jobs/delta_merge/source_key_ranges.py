@@ -30,12 +30,18 @@ from pyspark.sql.types import (
 from sqlglot import exp
 
 from spark_jobs.delta_merge.column_mapping import physical_name
+from spark_jobs.delta_merge.copy_by_position import size_conf
 from spark_jobs.delta_merge.expressions import column_refs, parse_expression, split_conjuncts
 from spark_jobs.delta_merge.files import LiveFile
 from spark_jobs.delta_merge.merge_plan import MergePlan
 from spark_jobs.delta_merge.snapshot import TargetSnapshot
 
-__all__ = ["join_keys", "joinable_files"]
+__all__ = ["KEY_RANGES_CONF", "join_keys", "joinable_files"]
+
+# Candidates holding fewer bytes are all joined: the source's key range costs a Spark job (seconds in a
+# cold JVM), more than reading a few small files.
+KEY_RANGES_CONF = "spark.delta_merge.sourceKeyRanges.minFileBytes"
+_DEFAULT_MIN_FILE_BYTES = 8 << 20
 
 # Key types whose statistics compare with the source's min and max exactly, as Python values.
 _RANGE_TYPES = (ByteType, ShortType, IntegerType, LongType, DateType, StringType)
@@ -45,11 +51,15 @@ def joinable_files(
     spark: SparkSession, source: DataFrame, *, snapshot: TargetSnapshot, plan: MergePlan,
     files: Sequence[LiveFile],
 ) -> list[LiveFile]:
-    """The ``files`` whose statistics allow a row with keys in the source's key ranges: one Spark job for
+    """The ``files`` whose statistics allow a row with keys in the source's key ranges (when they hold at
+    least :data:`KEY_RANGES_CONF` bytes, default 8 MiB): one Spark job for
     the ranges (none where no file has statistics on a key), the files compared on the driver. All of
     them when the statement has NOT MATCHED BY SOURCE clauses (which act on unmatched rows) or no
     equi-join key of a type ranges are taken on."""
     if not files or plan.clauses_of("not_matched_by_source"):
+        return list(files)
+    minimum = size_conf(spark, KEY_RANGES_CONF, _DEFAULT_MIN_FILE_BYTES, never="never prune by key range")
+    if minimum < 0 or sum(f.size for f in files) < minimum:
         return list(files)
     equalities = join_keys(
         plan.parsed.condition, target_alias=plan.target_alias, source_alias=plan.source_alias,

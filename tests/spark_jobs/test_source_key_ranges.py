@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,20 @@ def _joinable(caplog: pytest.LogCaptureFixture) -> tuple[int, int]:
     found = [pattern.search(r.getMessage()) for r in caplog.records]
     (match,) = [m for m in found if m]
     return int(match.group(1)), int(match.group(2))
+
+
+@pytest.fixture(autouse=True)
+def key_ranges_on_small_tables(request: pytest.FixtureRequest) -> Iterator[None]:
+    """The tables here are far below the default size from which key ranges prune."""
+    if "spark" not in request.fixturenames:
+        yield
+        return
+    from spark_jobs.delta_merge.source_key_ranges import KEY_RANGES_CONF
+
+    spark = request.getfixturevalue("spark")
+    spark.conf.set(KEY_RANGES_CONF, "0")
+    yield
+    spark.conf.unset(KEY_RANGES_CONF)
 
 
 @pytest.fixture
@@ -111,6 +126,20 @@ def test_a_source_whose_keys_are_all_null_matches_nothing(
     assert _joinable(caplog) == (0, 3)
     assert (metrics["numTargetRowsUpdated"], metrics["numTargetRowsInserted"]) == (0, 2)
     assert len(sorted_rows(three_files)) == 32
+
+
+@pytest.mark.spark
+def test_small_tables_are_joined_whole_by_default(
+    spark: Any, three_files: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from spark_jobs.delta_merge.source_key_ranges import KEY_RANGES_CONF
+
+    spark.conf.unset(KEY_RANGES_CONF)
+    source = parquet_source(tmp_path / "s", kv([(12, "new")]))
+    with caplog.at_level(logging.INFO, logger="delta_merge"):
+        metrics = merge(spark, three_files, source, UPSERT)
+    assert _joinable(caplog) == (3, 3)
+    assert (metrics["numTargetRowsUpdated"], metrics["numTargetFilesRemoved"]) == (1, 1)
 
 
 @pytest.mark.spark
