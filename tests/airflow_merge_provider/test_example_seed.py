@@ -18,13 +18,13 @@ pytestmark = pytest.mark.integration
 
 def _xcom(home: AirflowHome, dag_id: str, task_id: str) -> Any:
     """The task's return value in the run ``airflow dags test`` made last."""
-    return home.query(f"""
-        from airflow.models.xcom import XComModel
-        with create_session() as session:
-            rows = session.query(XComModel).filter_by(dag_id={dag_id!r}, task_id={task_id!r},
-                                                      key="return_value").all()
-            result = max(rows, key=lambda row: row.timestamp).value
-    """)
+    rows = home.sql(
+        "SELECT value FROM xcom WHERE dag_id = ? AND task_id = ? AND key = 'return_value' "
+        "ORDER BY timestamp DESC LIMIT 1",
+        dag_id, task_id,
+    )  # fmt: skip
+    assert rows, f"{dag_id}.{task_id} pushed no return value"
+    return json.loads(rows[0][0])
 
 
 def _add_actions(table: Path) -> list[tuple[int, str]]:

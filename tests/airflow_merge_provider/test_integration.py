@@ -46,31 +46,24 @@ def _txns(table: str) -> list[tuple[int, str, int]]:
 
 
 def _xcom(home: AirflowHome, dag_id: str, task_id: str) -> Any:
-    return home.query(f"""
-        from airflow.models.xcom import XComModel
-        with create_session() as session:
-            (row,) = session.query(XComModel).filter_by(dag_id={dag_id!r}, task_id={task_id!r},
-                                                        key="return_value").all()
-            result = row.value
-    """)
+    (value,) = home.sql(
+        "SELECT value FROM xcom WHERE dag_id = ? AND task_id = ? AND key = 'return_value'", dag_id, task_id
+    )
+    return json.loads(value[0])
 
 
 def _task_instances(home: AirflowHome, dag_id: str) -> Any:
-    return home.query(f"""
-        from airflow.models.taskinstance import TaskInstance
-        with create_session() as session:
-            result = {{ti.task_id: [str(ti.state), ti.try_number]
-                      for ti in session.query(TaskInstance).filter_by(dag_id={dag_id!r})}}
-    """)
+    rows = home.sql("SELECT task_id, state, try_number FROM task_instance WHERE dag_id = ?", dag_id)
+    return {task_id: [str(state), try_number] for task_id, state, try_number in rows}
 
 
 def _asset_events(home: AirflowHome, uri: str) -> Any:
-    return home.query(f"""
-        from airflow.models.asset import AssetEvent
-        with create_session() as session:
-            events = [e for e in session.query(AssetEvent).all() if e.asset.uri == {uri!r}]
-            result = [{{"task_id": e.source_task_id, "extra": e.extra}} for e in events]
-    """)
+    rows = home.sql(
+        "SELECT e.source_task_id, e.extra FROM asset_event e JOIN asset a ON a.id = e.asset_id "
+        "WHERE a.uri = ? ORDER BY e.id",
+        uri,
+    )
+    return [{"task_id": task_id, "extra": json.loads(extra)} for task_id, extra in rows]
 
 
 def _assert_ran(result: Any, home: AirflowHome, dag_id: str) -> None:
