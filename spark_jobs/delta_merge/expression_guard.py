@@ -7,9 +7,10 @@ from typing import Literal
 
 import sqlglot
 from sqlglot import ErrorLevel, Token, TokenType, exp
-from sqlglot.errors import ParseError, SqlglotError
+from sqlglot.errors import SqlglotError
 
 from spark_jobs.delta_merge.errors import MergeSpecError
+from spark_jobs.delta_merge.syntax_errors import expression_problem, syntax_error, unreadable_text
 
 __all__ = [
     "AGGREGATE_FUNCTIONS",
@@ -22,7 +23,6 @@ __all__ = [
     "check_expression",
     "parse_expression",
     "render_expression",
-    "syntax_error",
     "tokenize_checked",
 ]
 
@@ -148,19 +148,6 @@ _DIALECT = "spark"
 _NO_UDF = "user-defined functions are not allowed in merge expressions"
 
 
-def syntax_error(field: str, error: SqlglotError, *, expected: str) -> MergeSpecError:
-    """A MergeSpecError for text sqlglot could not read, with the line and column where it stopped."""
-    errors = error.errors if isinstance(error, ParseError) else []
-    if not errors:
-        return MergeSpecError(f"{field}: expected {expected}, found text that cannot be read: {error}")
-    first = errors[0]
-    near = f"{first.get('start_context', '')}{first.get('highlight', '')}".strip()[-60:]
-    return MergeSpecError(
-        f"{field}: expected {expected}, found a syntax error at line {first.get('line')}, column "
-        f"{first.get('col')}: {first.get('description')} (near {near!r})"
-    )
-
-
 def tokenize_checked(
     sql_text: str, *, field: str, allow_trailing_semicolon: bool = False, comments: bool = False
 ) -> list[Token]:
@@ -178,7 +165,8 @@ def tokenize_checked(
     try:
         tokens = sqlglot.Dialect.get_or_raise(_DIALECT).tokenize(sql_text)
     except SqlglotError as error:
-        raise syntax_error(field, error, expected="Spark SQL") from error
+        # Not chained: sqlglot's error would put its own dump of the text into every traceback.
+        raise syntax_error(field, sql_text, unreadable_text(sql_text, error), what="text") from None
     if not tokens:
         raise MergeSpecError(f"{field}: expected Spark SQL, found only comments or blanks: {sql_text!r}")
     for index, token in enumerate(tokens):
@@ -200,11 +188,17 @@ def parse_expression(sql_text: str, *, field: str) -> exp.Expr:
     """Parse ``sql_text`` as exactly one Spark SQL expression."""
     if not isinstance(sql_text, str) or not sql_text.strip():
         raise MergeSpecError(f"{field}: expected a Spark SQL expression, found {sql_text!r}")
-    tokenize_checked(sql_text, field=field)
+    tokens = tokenize_checked(sql_text, field=field)
     try:
         return sqlglot.parse_one(sql_text, dialect=_DIALECT, into=exp.Condition)
     except SqlglotError as error:
-        raise syntax_error(field, error, expected="one Spark SQL expression") from error
+        problem = expression_problem(sql_text, tokens, error)
+        raise syntax_error(field, sql_text, problem, near=_near(sql_text, tokens, problem.offset)) from None
+
+
+def _near(sql_text: str, tokens: list[Token], offset: int) -> str | None:
+    token = next((t for t in tokens if t.start == offset), None)
+    return None if token is None else sql_text[token.start : token.end + 1]
 
 
 def render_expression(node: exp.Expr) -> str:

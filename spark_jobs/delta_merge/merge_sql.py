@@ -17,7 +17,7 @@ from sqlglot import Token, TokenType, exp
 from sqlglot.errors import SqlglotError
 
 from spark_jobs.delta_merge.errors import MergeSpecError
-from spark_jobs.delta_merge.expression_guard import parse_expression, tokenize_checked
+from spark_jobs.delta_merge.expression_guard import tokenize_checked
 from spark_jobs.delta_merge.merge_rules import ErrorFields, strip_target_alias
 from spark_jobs.delta_merge.parsed_merge import (
     Assignment,
@@ -25,12 +25,19 @@ from spark_jobs.delta_merge.parsed_merge import (
     MergeClause,
     ParsedMerge,
 )
+from spark_jobs.delta_merge.syntax_errors import (
+    PARSE_SYNTAX_ERROR,
+    excerpt,
+    expression_problem,
+    incomplete_expression,
+    position,
+)
 
 __all__ = ["SOURCE_VIEW", "parse_merge_sql"]
 
 # In a USING subquery or a CTE, this name stands for the spec's source (the job registers it as a view).
 SOURCE_VIEW = "source"
-_SYNTAX = "PARSE_SYNTAX_ERROR"
+_SYNTAX = PARSE_SYNTAX_ERROR
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Words that end a name or an alias: a clause keyword is never taken for an alias, as in Spark.
 _CLAUSE_WORDS = frozenset({"USING", "ON", "WHEN", "THEN", "AND", "MERGE", "INTO", "WITH"})
@@ -287,13 +294,13 @@ class _StatementParser:
 
     def _check_clause_order(self, clauses: Sequence[MergeClause]) -> None:
         ranks = [_KIND_ORDER.index(c.when) for c in clauses]
-        for position in range(1, len(ranks)):
-            if ranks[position] < ranks[position - 1]:
+        for index in range(1, len(ranks)):
+            if ranks[index] < ranks[index - 1]:
                 raise MergeSpecError(
                     f"{self.field}: expected the WHEN clauses in Spark's order (all WHEN MATCHED, then "
                     "WHEN NOT MATCHED [BY TARGET], then WHEN NOT MATCHED BY SOURCE), found "
-                    f"{_KIND_TEXT[clauses[position].when]} (clause {position + 1}) after "
-                    f"{_KIND_TEXT[clauses[position - 1].when]} (clause {position}); move it up",
+                    f"{_KIND_TEXT[clauses[index].when]} (clause {index + 1}) after "
+                    f"{_KIND_TEXT[clauses[index - 1].when]} (clause {index}); move it up",
                     error_class=_SYNTAX,
                 )
 
@@ -342,15 +349,33 @@ class _StatementParser:
             raise self._unexpected(what)
         text = self._text(start, end)
         if not _is_one_expression(text):
+            raise self._not_one_expression(start, end, what, followed_by)
+        self.i = end
+        return text
+
+    def _not_one_expression(self, start: int, end: int, what: str, followed_by: str) -> MergeSpecError:
+        """Why tokens ``start:end`` are not one expression, at the statement's line and column."""
+        text = self._text(start, end)
+        tokens = tokenize_checked(text, field=f"{self.field} {what}")  # offsets into `text`
+        base = self.tokens[start].start
+        problem = incomplete_expression(text, tokens)
+        if problem is None:
             # The longest prefix that is one expression shows where Spark's grammar stops taking text.
             for prefix_end in range(end - 1, start, -1):
                 prefix = self._text(start, prefix_end)
-                if _is_one_expression(prefix):
+                # A name before '(' is a call's, not an expression that ends there.
+                call = self.tokens[prefix_end].token_type == TokenType.L_PAREN
+                if not call and _is_one_expression(prefix):
                     self.i = prefix_end
-                    raise self._unexpected(f"{followed_by} after {what} {prefix!r}")
-            parse_expression(text, field=f"{self.field} {what}")  # raises sqlglot's own description
-        self.i = end
-        return text
+                    return self._unexpected(f"{followed_by} after {what} {prefix!r}")
+            try:
+                sqlglot.parse_one(text, dialect="spark", into=exp.Condition)
+            except SqlglotError as error:
+                problem = expression_problem(text, tokens, error)
+            else:  # pragma: no cover - the caller saw it fail
+                raise AssertionError(f"{text!r} parses as one expression")
+        self.i = next((i for i in range(start, end) if self.tokens[i].start >= base + problem.offset), end)
+        return self._unexpected(f"{problem.expected} in {what}")
 
     def _expression_end(self, start: int, stops: set[str], *, comma: bool) -> int:
         opened: list[int] = []
@@ -376,7 +401,8 @@ class _StatementParser:
             index += 1
         if opened:
             self.i = opened[0]
-            raise self._unexpected("a closing ')' for this '('")
+            bracket = self._raw(self.i)
+            raise self._unexpected(f"a closing {')' if bracket == '(' else ']'!r} for this {bracket!r}")
         return index
 
     def _closing_paren(self, open_index: int) -> int:
@@ -423,26 +449,21 @@ class _StatementParser:
         return self.sql[self.tokens[start].start : self.tokens[end - 1].end + 1]
 
     def _rest(self, index: int) -> str:
-        if index >= len(self.tokens):
-            return ""
-        rest = self.sql[self.tokens[index].start :].strip()
-        return rest if len(rest) <= 60 else f"{rest[:57]}..."
+        return "" if index >= len(self.tokens) else excerpt(self.sql, self.tokens[index].start)
 
     def _unexpected(self, expected: str) -> MergeSpecError:
         if self.i >= len(self.tokens):
             return MergeSpecError(
                 f"{self.field}: Syntax error at or near end of input: expected {expected}, found the end of "
-                "the statement",
+                f"the statement at {position(self.sql, len(self.sql.rstrip()))}",
                 error_class=_SYNTAX,
             )
-        offset = self.tokens[self.i].start
-        line = self.sql.count("\n", 0, offset) + 1
-        column = offset - self.sql.rfind("\n", 0, offset)
+        where = position(self.sql, self.tokens[self.i].start)
         hint = _HINTS.get(self._raw(self.i).upper())
         return MergeSpecError(
             f"{self.field}: Syntax error at or near {self._raw(self.i)!r}: expected {expected}, found "
-            f"{self._rest(self.i)!r} at line {line}, column {column}{f' ({hint})' if hint else ''}. Spark "
-            "SQL refuses this statement.",
+            f"{self._rest(self.i)!r} at {where}{f' ({hint})' if hint else ''}. Spark SQL refuses this "
+            "statement.",
             error_class=_SYNTAX,
         )
 

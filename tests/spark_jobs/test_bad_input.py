@@ -86,7 +86,8 @@ def _with(**extra: Any) -> Callable[[str, str], dict[str, Any]]:
 
 
 SPEC_CASES = [
-    ("bad-sql", _sql(ON + "WHEN MATCHED THEN UPDATE SET v = 1 +"), "after the value of SET v '1', found '+'"),
+    ("bad-sql", _sql(ON + "WHEN MATCHED THEN UPDATE SET v = 1 +"),
+     "expected an operand after '+' in the value of SET v"),
     ("not-a-merge", _sql("DELETE FROM t WHERE id = 1"), "expected a MERGE INTO statement, found 'DELETE"),
     ("select", _sql("SELECT * FROM t"), "expected a MERGE INTO statement, found 'SELECT * FROM t'"),
     ("no-when-clause", _sql("MERGE INTO t USING s ON t.id = s.id"), "There must be at least one WHEN clause"),

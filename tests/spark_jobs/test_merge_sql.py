@@ -594,7 +594,7 @@ def test_check_parsed_merge_on_a_hand_built_merge() -> None:
         (
             ";",
             "merge_sql: Syntax error at or near end of input: expected a MERGE INTO statement, found the end "
-            "of the statement",
+            "of the statement at line 1, column 2",
         ),
         ("", "merge_sql: expected a MERGE INTO statement, found '' (str)"),
     ],
