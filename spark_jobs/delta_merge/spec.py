@@ -20,6 +20,7 @@ from spark_jobs.delta_merge.field_checks import fail as _fail
 from spark_jobs.delta_merge.field_checks import keys_of as _keys
 from spark_jobs.delta_merge.merge_rules import check_parsed_merge, parse_structural
 from spark_jobs.delta_merge.merge_sql import parse_merge_sql
+from spark_jobs.delta_merge.metrics import MergeMetrics
 from spark_jobs.delta_merge.parsed_merge import (
     ActionKind,
     Assignment,
@@ -52,6 +53,8 @@ _STORAGE_LEVELS = (
     "MEMORY_AND_DISK_DESER", "MEMORY_ONLY", "MEMORY_ONLY_2", "OFF_HEAP",
 )  # fmt: skip
 _COMPARATORS = ("equal_to", "greater_than", "less_than", "geq_to", "leq_to", "tolerance")
+# The metrics expected_metrics may check: the numbers of MergeMetrics (its flags count as 0 or 1).
+_CHECKABLE_METRICS = tuple(f.name for f in fields(MergeMetrics) if f.type in ("int", "bool"))
 _QUERY_STARTS = ("SELECT", "WITH", "FROM", "VALUES", "TABLE", "L_PAREN")
 
 
@@ -172,7 +175,7 @@ class MergeOptions:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, field: str = "options") -> MergeOptions:
         """Keys are the field names; absent keys keep their defaults."""
-        return _build(cls, data, field)
+        return _build(cls, data, field, what="option")
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form, every option spelled out."""
@@ -362,12 +365,6 @@ class MergeSpec:
         _check_expected_metrics(self.expected_metrics)
 
 
-
-
-
-
-
-
 class _Part(Protocol):
     def validate(self, *, field: str) -> None: ...
 
@@ -375,10 +372,10 @@ class _Part(Protocol):
 _P = TypeVar("_P", bound=_Part)
 
 
-def _build(cls: type[_P], data: object, field: str, *, required: Sequence[str] = ()) -> _P:
+def _build(cls: type[_P], data: object, field: str, *, required: Sequence[str] = (), what: str = "key") -> _P:
     allowed = [f.name for f in fields(cls)]  # type: ignore[arg-type]
     # Copies, so that a spec never shares a mutable dict with the caller's data.
-    given = _keys(data, field, allowed=allowed, required=required)
+    given = _keys(data, field, allowed=allowed, required=required, what=what)
     kwargs = {key: _copy(value) for key, value in given.items()}
     part = cls(**kwargs)
     part.validate(field=field)
@@ -393,13 +390,9 @@ def _copy(value: Any) -> Any:
     return copy.deepcopy(dict(value)) if isinstance(value, Mapping) else value
 
 
-
-
 def _check_int(value: object, field: str, *, minimum: int, absent: str = "") -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise _fail(field, f"an integer >= {minimum} {absent}".strip(), value)
-
-
 
 
 def _check_str_map(value: object, field: str) -> None:
@@ -429,6 +422,7 @@ def _check_json(value: object, field: str) -> None:
 def _check_expected_metrics(value: object) -> None:
     if not isinstance(value, Mapping):
         raise _fail("expected_metrics", "a JSON object of metric: {comparator: number}", value)
+    _keys(value, "expected_metrics", allowed=_CHECKABLE_METRICS, what="metric")
     for metric, checks in value.items():
         where = f"expected_metrics.{metric}"
         if not isinstance(metric, str) or not metric:
