@@ -13,7 +13,7 @@ if __package__ in (None, ""):
     # (a --py-files zip or an installed package takes precedence when present).
     sys.path.append(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from spark_jobs.delta_merge.contract import METRICS_PREFIX, failure_line, metrics_line
+from spark_jobs.delta_merge.contract import METRICS_PREFIX, PROGRESS_PREFIX, failure_line, metrics_line
 
 __all__ = ["METRICS_PREFIX", "main"]
 
@@ -28,7 +28,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def _configure_logging() -> None:
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("[delta-merge] %(message)s"))
+    handler.setFormatter(logging.Formatter(PROGRESS_PREFIX + "%(message)s"))
     logger = logging.getLogger("delta_merge")
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     from spark_jobs.delta_merge.errors import MergeJobError, spark_failure
 
     spark = None
-    failure: BaseException | None = None
+    failure: str | None = None
     code = 0
     try:
         spec = _load_spec(args)
@@ -72,17 +72,18 @@ def main(argv: list[str] | None = None) -> int:
         metrics = run_merge(spark, spec)
         print(metrics_line(metrics.to_dict()), flush=True)
     except MergeJobError as exc:
-        failure, code = exc, 1
+        failure, code = failure_line(exc), 1
     except Exception as exc:  # anything else still has to end as one clear line
-        # Classified while the JVM is up: a cast or overflow on the data must not look like a crash.
+        # Classified while the JVM is up: a cast or overflow on the data must not look like a crash; and a
+        # Py4J error's text is fetched from the JVM.
         classified = spark_failure(exc)
-        failure, code = (exc, 2) if classified is None else (classified, 1)
+        failure, code = (failure_line(exc), 2) if classified is None else (failure_line(classified), 1)
     finally:
         if spark is not None:
             spark.stop()
     if failure is not None:
         sys.stderr.flush()
-        print(failure_line(failure), file=sys.stderr, flush=True)
+        print(failure, file=sys.stderr, flush=True)
     return code
 
 

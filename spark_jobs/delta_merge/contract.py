@@ -28,6 +28,7 @@ __all__ = [
     "MERGE_ENGINE",
     "MERGE_OPERATION",
     "METRICS_PREFIX",
+    "PROGRESS_PREFIX",
     "JobFailure",
     "MergeJobError",
     "MergeMetrics",
@@ -50,11 +51,15 @@ __all__ = [
 METRICS_PREFIX = "MERGE_METRICS_JSON="
 # ... or, on failure, one last stderr line: "MERGE failed: <ErrorType>: <message>".
 FAILURE_PREFIX = "MERGE failed: "
+# Every line of the job's own log (its stages, on stderr) starts with this.
+PROGRESS_PREFIX = "[delta-merge] "
 # deltalake forces commitInfo.operation to WRITE; these keys tell a merge commit apart.
 MERGE_ENGINE = "airflow-merge-provider"  # commitInfo["mergeEngine"]
 MERGE_OPERATION = "MERGE"  # commitInfo["mergeOperation"] of the data commit
 
 _FAILURE = re.compile(re.escape(FAILURE_PREFIX) + r"(?P<kind>[A-Za-z_][A-Za-z0-9_]*): ?(?P<message>.*)$")
+# Py4J's first line for a Java exception; the Java exception's own "<class>: <message>" follows it.
+_PY4J_CALL = re.compile(r"An error occurred while calling [\w.$]+\.?")
 
 
 @dataclass(frozen=True)
@@ -79,9 +84,17 @@ def is_deterministic(kind: str | None) -> bool:
 def failure_line(error: BaseException) -> str:
     """The job's failure line for ``error``, whitespace collapsed to one line.
 
-    A :class:`MergeJobError` keeps its whole message (``[ERROR_CLASS] ...``); any other error its first line.
+    A :class:`MergeJobError` keeps its whole message (``[ERROR_CLASS] ...``); any other error its first line,
+    or for a Java exception raised through Py4J (whose first line only names the call) the Java exception's
+    class and message, never its stack trace.
     """
-    text = str(error) if isinstance(error, MergeJobError) else (str(error).splitlines() or [""])[0]
+    if isinstance(error, MergeJobError):
+        text = str(error)
+    else:
+        lines = [line.strip() for line in str(error).splitlines() if line.strip()] or [""]
+        text = lines[0]
+        if _PY4J_CALL.fullmatch(text) and len(lines) > 1:
+            text = lines[1].removeprefix(":").strip()
     return " ".join(f"{FAILURE_PREFIX}{type(error).__name__}: {text}".split())
 
 

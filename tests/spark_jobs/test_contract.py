@@ -58,6 +58,22 @@ def test_an_unexpected_error_keeps_its_first_line() -> None:
     assert (failure.kind, failure.deterministic) == ("RuntimeError", False)
 
 
+def test_a_java_error_through_py4j_keeps_the_java_exception_not_the_call_or_its_stack() -> None:
+    class Py4JJavaError(Exception):  # py4j's text: the call, then the Java exception and its stack trace
+        pass
+
+    error = Py4JJavaError(
+        "An error occurred while calling o123.collectToPython.\n"
+        ": org.apache.spark.SparkException: Job aborted due to stage failure: Task 0 in stage 3.0 failed\n"
+        "\tat org.apache.spark.scheduler.DAGScheduler.failJobAndIndependentStages(DAGScheduler.scala:2856)"
+    )
+
+    assert failure_line(error) == (
+        "MERGE failed: Py4JJavaError: org.apache.spark.SparkException: Job aborted due to stage failure: "
+        "Task 0 in stage 3.0 failed"
+    )
+
+
 def test_the_metrics_line_round_trips_and_may_follow_other_text() -> None:
     line = metrics_line({"numTargetRowsInserted": 2, "materializeSourceReason": "NONE"})
     assert line == METRICS_PREFIX + '{"materializeSourceReason": "NONE", "numTargetRowsInserted": 2}'
