@@ -56,15 +56,28 @@ class MergeMetricsNotFoundError(MergeProviderError):
 
 
 def job_failed_error(target: str, kind: str | None, message: str | None) -> MergeJobFailedError:
-    """The error for a failed job, classified by the error type name the job reported (if any).
+    """The error for a failed job whose merge did not commit, classified by the error type name the job
+    reported (if any); its message ends with what happens next.
 
     Deterministic errors (the job's contract lists them) fail the task without its retries; infrastructure
     failures, conflicts with concurrent commits and a job that died without a failure line are retried.
     """
     if kind is None:
         return MergeJobFailedError(
-            f"MERGE into {target} failed: spark-submit exited non-zero without the job's failure line (Spark "
-            "could not start, or the driver died). Its output is in the task log above."
+            f"MERGE into {target} failed: spark-submit exited non-zero before the job reported a failure "
+            "(Spark could not start, or the driver died); nothing was committed. The last lines of its "
+            "output are in the task log above. A retry (the task's retries, or clearing it) runs the merge "
+            "again."
         )
-    error = MergeJobRejectedError if is_deterministic(kind) else MergeJobFailedError
-    return error(f"MERGE into {target} failed: {kind}: {message}", error_type=kind)
+    text = f"MERGE into {target} failed: {kind}: {message or ''}".rstrip()
+    text += "" if text.endswith((".", "!", "?")) else "."
+    if is_deterministic(kind):
+        return MergeJobRejectedError(
+            f"{text} Not retried: nothing was committed, and the same merge fails the same way until the "
+            "statement, the table or the data change.",
+            error_type=kind,
+        )
+    return MergeJobFailedError(
+        f"{text} Nothing was committed; a retry (the task's retries, or clearing it) runs the merge again.",
+        error_type=kind,
+    )

@@ -75,13 +75,17 @@ def test_the_job_s_failure_line_decides_retry_or_fail(
     assert isinstance(raised, MergeJobRejectedError) is not retried
     assert isinstance(raised, AirflowFailException) is not retried
     assert str(raised).startswith(f"MERGE into /data/t failed: {type(error).__name__}: ")
+    # What happens next ends the message: the task log's last line.
+    next_step = "Not retried: nothing was committed" if not retried else "Nothing was committed; a retry"
+    assert next_step in str(raised)
 
 
 def test_a_job_that_died_without_its_failure_line_is_retried() -> None:
     raised = job_failed_error("/data/t", None, None)
     assert type(raised) is MergeJobFailedError
     assert not isinstance(raised, AirflowFailException)
-    assert "without the job's failure line" in str(raised)
+    assert "before the job reported a failure" in str(raised)
+    assert str(raised).endswith("A retry (the task's retries, or clearing it) runs the merge again.")
 
 
 @pytest.mark.parametrize("kind", ["Py4JJavaError", "RuntimeError", "SparkException"])
