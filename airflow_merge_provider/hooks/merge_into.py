@@ -267,12 +267,11 @@ class MergeSubmitHook(SparkSubmitHook):
 class SubmitOutputLevels:
     """The task-log level of each line of spark-submit's output, called once per line in order.
 
-    The job's failure line is logged at ERROR and its stage lines (``[delta-merge] ...``) at INFO; its
-    metrics line at DEBUG (the summary and the metrics table follow it). Spark's log records and the
-    JVM's and spark-submit's banners go to DEBUG, but for the first line of an ERROR or FATAL record (or of
-    an uncaught Java exception), at WARNING; the stack trace after it (lines without a header of their
-    own) goes to DEBUG. Python warnings are logged at WARNING, a Python traceback at INFO, and a line
-    without a header at the level of the line it continues (INFO at first).
+    The job's failure line is logged at ERROR, its stage lines (``[delta-merge] ...``) and its metrics line
+    at INFO. Spark's log records and the JVM's and spark-submit's banners go to DEBUG, but for the first
+    line of an ERROR or FATAL record (or of an uncaught Java exception), at WARNING; the stack trace after
+    it (lines without a header of their own) goes to DEBUG. Python warnings are logged at WARNING, a Python
+    traceback at INFO, and a line without a header at the level of the line it continues (INFO at first).
     """
 
     def __init__(self) -> None:
@@ -286,7 +285,7 @@ class SubmitOutputLevels:
         if parse_failure_line(line) is not None:
             return logging.ERROR, logging.ERROR
         if METRICS_PREFIX in line:
-            return logging.DEBUG, self._following
+            return logging.INFO, self._following
         if line.startswith(PROGRESS_PREFIX):
             return logging.INFO, logging.INFO
         if (record := _LOG4J_RECORD.match(line)) is not None:

@@ -98,7 +98,7 @@ def test_levels_of_a_run_s_output() -> None:
     assert got == [
         "DEBUG", "DEBUG", "DEBUG", "DEBUG", "DEBUG", "INFO", "INFO",  # banner, Spark's INFO/WARN, stages
         "WARNING", "DEBUG", "DEBUG", "DEBUG", "DEBUG",  # a Spark ERROR record: its first line only, then WARN
-        "INFO", "DEBUG",  # a stage line; the metrics line (the summary and the table follow it)
+        "INFO", "INFO",  # a stage line; the metrics line
         "WARNING", "WARNING",  # a Python warning and its source line
         "ERROR",  # the job's failure line
     ]  # fmt: skip
@@ -133,7 +133,7 @@ def test_a_run_logs_the_job_s_lines_at_info_and_the_command_and_spark_s_log_at_d
     assert _levels(logs, "INFO SparkContext: Running Spark version") == ["debug"]
     assert _levels(logs, "WARN Utils: Your hostname") == ["debug"]
     assert _levels(logs, "[delta-merge] ") == ["info", "info", "info"]
-    assert _levels(logs, "MERGE_METRICS_JSON=") == ["debug"]
+    assert _levels(logs, "MERGE_METRICS_JSON=") == ["info"]
     info = [entry["event"] for entry in logs if entry["log_level"] != "debug"]
     assert not any("WARN" in str(event) or "INFO " in str(event) for event in info), info
 
