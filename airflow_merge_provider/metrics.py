@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from spark_jobs.delta_merge.contract import DELTA_METRIC_NAMES, MergeMetrics
 
 __all__ = ["format_metrics_table", "format_summary", "to_xcom"]
 
-# The time of each stage, listed on a line of its own after the table.
+# The time of each stage, listed after the table, without the prefix every stage's description has.
 _STAGES = "stageTimesMs"
+_STAGE_PREFIX = "MERGE operation - "
 _EXTRA_NAMES = tuple(name for name in MergeMetrics.__dataclass_fields__ if name not in DELTA_METRIC_NAMES)
 
 
@@ -48,20 +49,40 @@ def format_summary(target: str, metrics: Mapping[str, Any]) -> str:
 
 
 def format_metrics_table(metrics: Mapping[str, Any], *, columns: int = 3) -> str:
-    """The metrics of :class:`MergeMetrics` as aligned ``name value`` cells, ``columns`` per line, then
-    the time of each stage."""
+    """The metrics of :class:`MergeMetrics` as a table: the numbers as ``name value`` cells, ``columns`` a
+    line, every column as wide as its widest cell; then the other values (materializeSourceReason, the
+    flags) one a line; then the time of each stage, one a line. Long values widen their column only."""
     names = [name for name in (*DELTA_METRIC_NAMES, *_EXTRA_NAMES) if name in metrics and name != _STAGES]
-    name_width = max((len(name) for name in names), default=0)
-    # Numbers set the width; a long text value (materializeSourceReason) only widens its own cell.
-    value_width = max((len(str(metrics[name])) for name in names if _is_number(metrics[name])), default=0)
-    cells = [f"{name:<{name_width}} {metrics[name]!s:>{value_width}}" for name in names]
-    rows = [cells[i : i + columns] for i in range(0, len(cells), columns)]
-    lines = ["  " + "   ".join(row) for row in rows]
+    numbers = [(name, str(metrics[name])) for name in names if _is_number(metrics[name])]
+    others = [(name, str(metrics[name])) for name in names if not _is_number(metrics[name])]
+    lines = _grid(numbers, columns)
+    width = max((len(name) for name, _ in others), default=0)
+    lines += [f"  {name:<{width}}  {value}" for name, value in others]
     stages = metrics.get(_STAGES) or {}
     if stages:
-        lines.append("  stages: " + ", ".join(f"{name.removeprefix('MERGE operation - ')} {ms} ms"
-                                              for name, ms in stages.items()))  # fmt: skip
+        lines.append("  stage times (ms):")
+        shown = [(str(name).removeprefix(_STAGE_PREFIX), str(ms)) for name, ms in stages.items()]
+        lines += _grid(shown, 1, indent="    ")
     return "\n".join(lines)
+
+
+def _grid(cells: Sequence[tuple[str, str]], columns: int, *, indent: str = "  ") -> list[str]:
+    """``name value`` cells, ``columns`` a line: names left-aligned, values right-aligned, each column of
+    the table as wide as its widest name and value."""
+    rows = [cells[i : i + columns] for i in range(0, len(cells), columns)]
+    name_widths = (
+        [max(len(row[c][0]) for row in rows if c < len(row)) for c in range(columns)] if rows else []
+    )
+    value_widths = (
+        [max(len(row[c][1]) for row in rows if c < len(row)) for c in range(columns)] if rows else []
+    )
+    return [
+        indent
+        + "   ".join(
+            f"{name:<{name_widths[c]}} {value:>{value_widths[c]}}" for c, (name, value) in enumerate(row)
+        ).rstrip()
+        for row in rows
+    ]
 
 
 def _is_number(value: object) -> bool:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from airflow_merge_provider.metrics import format_metrics_table, format_summary, to_xcom
 from spark_jobs.delta_merge.metrics import DELTA_METRIC_NAMES, MergeMetrics
 
@@ -42,16 +44,55 @@ def test_summary_line() -> None:
     assert skipped.startswith("MERGE into /data/accounts v5 (already committed): ")
 
 
+def _cells(line: str) -> list[tuple[int, int]]:
+    """Where each ``name value`` cell of a table line starts and where its value ends."""
+    return [(cell.start(), cell.end()) for cell in re.finditer(r"[A-Za-z]+ +-?\d+", line)]
+
+
 def test_table_lists_every_metric_once_in_aligned_columns() -> None:
     stages = {"MERGE operation - scanning files for matches": 1500, "MERGE operation - committing": 20}
     raw = {"numSourceRows": 1234567, "stageTimesMs": stages}
     table = format_metrics_table(to_xcom(raw, app_id="a", app_version=0))
     lines = table.splitlines()
-    assert len(lines) == 14  # 37 metrics, three a line, then the stages
-    assert lines[-1] == "  stages: scanning files for matches 1500 ms, committing 20 ms"
-    lines = lines[:-1]
+    # 34 numbers three a line, 3 other values, the stages' title and 2 stages
+    assert len(lines) == 12 + 3 + 1 + 2
+    assert lines[-3:] == [
+        "  stage times (ms):",
+        "    scanning files for matches 1500",
+        "    committing                   20",
+    ]
     cells = " ".join(lines).split()
     for name in DELTA_METRIC_NAMES:
         assert cells.count(name) == 1
     assert "appId" not in cells
-    assert len({line.index("numSourceRowsInSecondScan") for line in lines[:1]}) == 1
+
+
+def test_long_values_keep_every_column_aligned() -> None:
+    raw = {
+        "numSourceRows": 12, "numTargetBytesAdded": 123_456_789_012_345, "numTargetBytesRemoved": 7,
+        "executionTimeMs": 98_765_432, "materializeSourceReason": "NOT_MATERIALIZED_AUTO_INSERT_ONLY",
+        "stageTimesMs": {
+            "MERGE operation - loading the target's snapshot": 15,
+            "MERGE operation - writing the output of 123 files in 40 partitions, change data included": 4,
+            "MERGE operation - committing": 123_456,
+        },
+    }  # fmt: skip
+    lines = format_metrics_table(to_xcom(raw, app_id="a", app_version=0)).splitlines()
+    grid = lines[:12]
+
+    # Every cell of a column starts at the same place, and every value of a column ends at the same place.
+    cells = [_cells(line) for line in grid]
+    assert [len(row) for row in cells] == [3] * 11 + [1]
+    for column in range(3):
+        assert len({row[column] for row in cells if column < len(row)}) == 1, column
+    assert "123456789012345" in " ".join(grid)
+    # Text values come after the numbers, one a line, aligned; the stages one a line, times aligned.
+    assert lines[12:15] == [
+        "  materializeSourceReason  NOT_MATERIALIZED_AUTO_INSERT_ONLY",
+        "  skipped                  False",
+        "  dryRun                   False",
+    ]
+    stage_lines = lines[16:]
+    assert [line.split()[-1] for line in stage_lines] == ["15", "4", "123456"]
+    assert len({len(line) for line in stage_lines}) == 1
+    assert stage_lines[1].startswith("    writing the output of 123 files")
