@@ -18,6 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from tests.local_servers import free_port
 
@@ -61,7 +62,7 @@ def _server_user() -> pwd.struct_passwd | None:
 
 
 class PostgresServer:
-    """``initdb`` of a new cluster in a short temporary directory and ``postgres`` on 127.0.0.1:``port``.
+    """``initdb`` of a new cluster in a temporary directory and ``postgres`` on 127.0.0.1:``port`` (TCP only).
 
     Use it as a context manager: leaving it stops the server by its PID (SIGINT, PostgreSQL's fast
     shutdown, which disconnects clients; SIGKILL of its process group after ``stop_timeout``) and removes
@@ -69,6 +70,7 @@ class PostgresServer:
     """
 
     def __init__(self, *, stop_timeout: float = 30) -> None:
+        self._os_user = _server_user()
         self.bin_dir = postgres_bin_dir()
         self.port = free_port()
         self.user = "postgres"
@@ -79,7 +81,6 @@ class PostgresServer:
         self.data_dir = self.root / "data"
         self.log = self.root / "postgres.log"
         self.process: subprocess.Popen[bytes] | None = None
-        self._os_user = _server_user()
 
     def __enter__(self) -> PostgresServer:
         try:
@@ -94,12 +95,16 @@ class PostgresServer:
     ) -> None:
         self.stop()
 
+    def _as_server_user(self) -> dict[str, Any]:
+        """Popen's arguments that run a program as the server user (its own groups only)."""
+        if self._os_user is None:
+            return {}
+        return {"user": self._os_user.pw_uid, "group": self._os_user.pw_gid, "extra_groups": []}
+
     def _run(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         """One of the wheel's client programs, as the server user."""
-        uid = None if self._os_user is None else self._os_user.pw_uid
-        gid = None if self._os_user is None else self._os_user.pw_gid
-        return subprocess.run([str(self.bin_dir / args[0]), *args[1:]], user=uid, group=gid, cwd=self.root,
-                              capture_output=True, text=True, timeout=timeout)  # fmt: skip
+        return subprocess.run([str(self.bin_dir / args[0]), *args[1:]], cwd=self.root, capture_output=True,
+                              text=True, timeout=timeout, **self._as_server_user())  # fmt: skip
 
     def start(self) -> None:
         if self._os_user is not None:
@@ -116,9 +121,7 @@ class PostgresServer:
         with self.log.open("wb") as log:
             self.process = subprocess.Popen(
                 command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=self.root,
-                user=None if self._os_user is None else self._os_user.pw_uid,
-                group=None if self._os_user is None else self._os_user.pw_gid,
-                start_new_session=True,
+                start_new_session=True, **self._as_server_user(),
             )  # fmt: skip
         self._wait_ready(timeout=60)
 

@@ -10,6 +10,7 @@ shared with other work (three spark-submits on a local[1] master, one at a time,
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import sys
 import textwrap
@@ -174,7 +175,9 @@ class Deployment:
         return self.processes.tails(*names) + "\n--- postgres ---\n" + self.postgres.log_tail(1500)
 
 
-def _write_inputs(root: Path) -> tuple[Path, Path, Path]:
+def _write_inputs(root: Path) -> tuple[Path, Path]:
+    """The target table (version 0), a landing directory per date, and the DAG file; returns the table's and
+    the dags folder's paths."""
     from deltalake import write_deltalake
 
     target, landing, dags = root / "tables" / "accounts", root / "landing" / "accounts", root / "dags"
@@ -187,14 +190,12 @@ def _write_inputs(root: Path) -> tuple[Path, Path, Path]:
     dag = DAG_FILE.format(target=str(target), landing=str(landing), dag_id=DAG_ID, merge_task=MERGE_TASK,
                           sensor_task=SENSOR_TASK, spark_conf=SPARK_CONF)  # fmt: skip
     (dags / f"{DAG_ID}.py").write_text(textwrap.dedent(dag), encoding="utf-8")
-    return target, landing, dags
+    return target, dags
 
 
 def _airflow_env(
     root: Path, dags: Path, *, database_url: str, api_port: int, password: str
 ) -> dict[str, str]:
-    import os
-
     api_url = f"http://127.0.0.1:{api_port}"
     (root / "tmp").mkdir()
     passwords = root / "simple_auth_manager_passwords.json"
@@ -239,7 +240,7 @@ def deployment(tmp_path: Path) -> Iterator[Deployment]:
     """PostgreSQL, ``airflow db migrate``, then the four components; all stopped by PID at the end, with the
     detached spark-submits the merge tasks started."""
     started = time.monotonic()
-    target, _landing, dags = _write_inputs(tmp_path)
+    target, dags = _write_inputs(tmp_path)
     with PostgresServer() as postgres:
         postgres.create_database("airflow")
         api_port = free_port()
@@ -253,6 +254,8 @@ def deployment(tmp_path: Path) -> Iterator[Deployment]:
             timings["db migrate"] = time.monotonic() - started
             api_server = processes.start("api-server", "api-server", "--host", "127.0.0.1", "--port",
                                          str(api_port), "--workers", "1")  # fmt: skip
+            # No log servers: they bind every interface, and the api-server reads the task and trigger logs
+            # from the shared log folder on this machine anyway.
             processes.start("scheduler", "scheduler", "--skip-serve-logs")
             processes.start("dag-processor", "dag-processor")
             processes.start("triggerer", "triggerer", "--skip-serve-logs")
@@ -271,8 +274,10 @@ def deployment(tmp_path: Path) -> Iterator[Deployment]:
                 yield deployed
             finally:
                 api.client.close()
-                processes.stop_all()
-                _stop_detached_drivers(tmp_path)
+                try:
+                    processes.stop_all()
+                finally:
+                    _stop_detached_drivers(tmp_path)
                 timings["stopped"] = time.monotonic() - started
                 print(f"\ndeployed Airflow test timings (s since start): {timings}")
 
