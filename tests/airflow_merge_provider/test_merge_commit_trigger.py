@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from airflow_merge_provider.driver_process import DriverRef
 from airflow_merge_provider.triggers.merge_commit import MergeCommitTrigger
 from tests.airflow_merge_provider.delta_tables import commit_merge, create_table
 
@@ -91,3 +94,76 @@ def test_run_finds_a_commit_already_there_at_once(tmp_path: Path, after_version:
     (event,) = asyncio.run(_events(trigger, limit=10))
     assert event["status"] == "success"
     assert event["commit"]["version"] == 1
+
+
+# -- watching a deferred MergeIntoOperator's detached driver -----------------------------------------------
+
+
+def _driver(
+    tmp_path: Path, lines: list[str], *, running: bool
+) -> tuple[dict[str, Any], subprocess.Popen[bytes]]:
+    """A driver ref of a real process (sleeping, or already exited) whose log holds ``lines``."""
+    log = tmp_path / "driver.log"
+    log.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    code = "import time; time.sleep(60)" if running else "pass"
+    process = subprocess.Popen([sys.executable, "-c", code])
+    if not running:
+        process.wait()
+    ref = DriverRef.of_process(process.pid, app_id="a", app_version=0, driver_log=str(log))
+    return ref.to_dict(), process
+
+
+def test_serialize_round_trip_with_a_driver(tmp_path: Path) -> None:
+    driver, _ = _driver(tmp_path, [], running=False)
+    trigger = MergeCommitTrigger(target="/t", app_id="a", app_version=0, driver=driver)
+    classpath, kwargs = trigger.serialize()
+    assert kwargs["driver"] == driver
+    assert MergeCommitTrigger(**kwargs).serialize() == (classpath, kwargs)
+    with pytest.raises(ValueError, match="needs app_id, after_version or driver"):
+        MergeCommitTrigger(target="/t")
+
+
+def test_a_drivers_failure_line_ends_the_wait_with_the_failure(tmp_path: Path) -> None:
+    table = create_table(tmp_path / "t")
+    driver, process = _driver(
+        tmp_path, ["MERGE failed: CastFailureError: [CAST_INVALID_INPUT] 'x'"], running=True
+    )
+    try:
+        trigger = MergeCommitTrigger(target=table, app_id="a", app_version=0, driver=driver, poll_interval=60)
+        (event,) = asyncio.run(_events(trigger, limit=10))
+    finally:
+        process.kill()
+    assert (event["status"], event["timed_out"], event["exited"]) == ("error", False, False)
+    assert event["failure"] == {"kind": "CastFailureError", "message": "[CAST_INVALID_INPUT] 'x'"}
+
+
+def test_a_driver_that_exited_without_a_line_or_commit_ends_the_wait(tmp_path: Path) -> None:
+    table = create_table(tmp_path / "t")
+    driver, _ = _driver(tmp_path, ["26/01/01 INFO SparkContext: Running Spark version 4.2.0"], running=False)
+    trigger = MergeCommitTrigger(target=table, app_id="a", app_version=0, driver=driver, poll_interval=60)
+    (event,) = asyncio.run(_events(trigger, limit=10))
+    assert (event["status"], event["exited"], event["failure"]) == ("error", True, None)
+    assert "exited without the job's metrics or failure line" in event["message"]
+
+
+def test_the_commit_and_the_drivers_metrics_line_make_one_success(tmp_path: Path) -> None:
+    table = create_table(tmp_path / "t")
+    commit_merge(table, app_id="a", app_version=0)
+    driver, process = _driver(tmp_path, ['MERGE_METRICS_JSON={"numSparkJobs": 4}'], running=True)
+    try:
+        trigger = MergeCommitTrigger(target=table, app_id="a", app_version=0, driver=driver, poll_interval=60)
+        (event,) = asyncio.run(_events(trigger, limit=10))
+    finally:
+        process.kill()
+    assert (event["status"], event["metrics"], event["commit"]["version"]) == (
+        "success",
+        {"numSparkJobs": 4},
+        1,
+    )
+
+
+def test_a_dry_runs_driver_alone_is_waited_for(tmp_path: Path) -> None:
+    driver, _ = _driver(tmp_path, ['MERGE_METRICS_JSON={"dryRun": true}'], running=False)
+    trigger = MergeCommitTrigger(target=str(tmp_path / "no-table"), driver=driver, poll_interval=60)
+    (event,) = asyncio.run(_events(trigger, limit=10))
+    assert event == {"status": "success", "commit": None, "metrics": {"dryRun": True}, "driver": driver}
