@@ -133,7 +133,8 @@ class MergeSubmitHook(SparkSubmitHook):
         (which holds the spec) and Spark's own log records go to DEBUG (:class:`SubmitOutputLevels`).
 
         :raises AirflowException: spark-submit exited non-zero: the message is the job's failure when the
-            job reported it (also in :attr:`failure`), else the last lines of spark-submit's output.
+            job reported it (also in :attr:`failure`); else the last lines of spark-submit's output, which
+            in client mode were logged at WARNING as the output ended.
         """
         self._application_args = application_args
         self.log.info(
