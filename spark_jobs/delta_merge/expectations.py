@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from spark_jobs.delta_merge.errors import ExpectationFailedError
+from spark_jobs.delta_merge.field_checks import did_you_mean
 
 __all__ = ["COMPARATORS", "check_expectations", "failed_expectations"]
 
@@ -36,7 +37,7 @@ def failed_expectations(
     failures: list[str] = []
     for metric, checks in expected.items():
         if metric not in metrics:
-            failures.append(f"{metric}: no such metric")
+            failures.append(f"{metric}: no such metric{did_you_mean(metric, sorted(metrics))}")
             continue
         actual = float(metrics[metric])
         tolerance = checks.get("tolerance")

@@ -40,3 +40,6 @@ def test_every_failure_is_listed_with_its_actual_value() -> None:
 
 def test_unknown_metric_is_a_failure() -> None:
     assert failed_expectations(METRICS, {"numNothing": {"equal_to": 1}}) == ["numNothing: no such metric"]
+    assert failed_expectations(METRICS, {"numTargetRowDeleted": {"equal_to": 1}}) == [
+        "numTargetRowDeleted: no such metric; did you mean 'numTargetRowsDeleted'?"
+    ]
