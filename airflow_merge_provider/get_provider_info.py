@@ -24,6 +24,11 @@ _HOOK_MODULES: tuple[str, ...] = (
     "airflow_merge_provider.hooks.storage_credentials",
 )
 _TRIGGER_MODULES: tuple[str, ...] = ("airflow_merge_provider.triggers.merge_commit",)
+# Operator links by class path: Airflow imports them to show their buttons (MergeIntoOperator's).
+_EXTRA_LINKS: tuple[str, ...] = (
+    "airflow_merge_provider.links.SparkApplicationUiLink",
+    "airflow_merge_provider.links.SparkDriverLogLink",
+)
 
 
 def _by_integration(modules: tuple[str, ...]) -> list[dict[str, Any]]:
@@ -60,4 +65,5 @@ def get_provider_info() -> dict[str, Any]:
         listed = _by_integration(modules)
         if listed:
             info[key] = listed
+    info["extra-links"] = list(_EXTRA_LINKS)
     return info

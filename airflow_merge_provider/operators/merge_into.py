@@ -2,42 +2,46 @@
 
 from __future__ import annotations
 
-import re
-import tempfile
+import time
 from collections.abc import Mapping, Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
-from airflow.sdk import BaseOperator, Context
-from airflow.sdk.exceptions import AirflowException
+from airflow.sdk import BaseOperator, Context, ResumableJobMixin
+from airflow.sdk.configuration import conf
+from airflow.sdk.exceptions import AirflowTaskTimeout
 
+from airflow_merge_provider.argument_check import reject_unknown_arguments
 from airflow_merge_provider.assets import default_outlet, record_merge_event
-from airflow_merge_provider.errors import (
-    MergeArgumentError,
-    MergeMetricsNotFoundError,
-    MergeProviderError,
-    MergeSpecInvalidError,
-    job_failed_error,
-)
+from airflow_merge_provider.driver_output import SparkApplication
+from airflow_merge_provider.driver_process import DriverRef, driver_state, remove_spec_file, stop_driver
+from airflow_merge_provider.errors import MergeProviderError, MergeSpecInvalidError
 from airflow_merge_provider.hooks.merge_commit import MergeCommit, find_merge_commit
-from airflow_merge_provider.hooks.merge_into import MergeSubmitHook, job_arguments
+from airflow_merge_provider.hooks.merge_driver import MergeDriverHook
+from airflow_merge_provider.lineage import with_openlineage_conf
+from airflow_merge_provider.links import (
+    SparkApplicationUiLink,
+    SparkDriverLogLink,
+    application_links,
+    push_links,
+)
+from airflow_merge_provider.merge_run import MergeRun
+from airflow_merge_provider.merge_spec import default_app_id, option_names, redacted, spec_dict
 from airflow_merge_provider.metrics import format_metrics_table, format_summary, to_xcom
+from airflow_merge_provider.spec_credentials import (
+    refuse_credentials_on_the_command_line,
+    with_connection_credentials,
+)
+from airflow_merge_provider.triggers.merge_commit import MergeCommitTrigger
 
 if TYPE_CHECKING:
-    from spark_jobs.delta_merge.contract import MergeSpec
+    from pydantic import JsonValue
+
+    from spark_jobs.delta_merge.contract import JobFailure, MergeSpec
 
 __all__ = ["MergeIntoOperator", "default_app_id"]
 
-_CLAUSE_KINDS = ("matched", "not_matched", "not_matched_by_source")
 
-
-def default_app_id(dag_id: str, task_id: str, run_id: str, map_index: int | None = None) -> str:
-    """``airflow:<dag_id>.<task_id>:<run_id>[:<map_index>]``: one id per task of one DAG run."""
-    app_id = f"airflow:{dag_id}.{task_id}:{run_id}"
-    return app_id if map_index is None or map_index < 0 else f"{app_id}:{map_index}"
-
-
-class MergeIntoOperator(BaseOperator):
+class MergeIntoOperator(ResumableJobMixin, BaseOperator):
     """Run a Delta Lake ``MERGE INTO`` with the packaged Spark job, once per DAG run, and push its metrics.
 
     The merge is given either as ``merge_sql`` or structurally (``condition`` and the ``when_*`` clause
@@ -52,6 +56,35 @@ class MergeIntoOperator(BaseOperator):
     The XCom return value is one dict: every metric of Delta's MERGE (ints), ``numOutputRows``,
     ``materializeSourceReason``, ``readVersion``, ``tableVersion``, ``skipped``, ``dryRun``, ``appId``
     and ``appVersion``. The table is the task's default outlet; its asset event carries the same dict.
+    The task's extra links lead to the Spark application's UI and the driver's log where the connection
+    and the driver's log give them an address (:mod:`airflow_merge_provider.links`).
+
+    How the task waits, in client deploy mode (the driver runs on the worker):
+
+    - attached (``durable=False``, or no task state store in the context): spark-submit is the task's
+      child and its output comes through a pipe, as with ``SparkSubmitOperator``.
+    - durable (the default where Airflow gives the task a ``task_state_store``, as Airflow 3.3's task
+      runner does): spark-submit starts in its own session with its output in a log file under
+      ``<tempdir>/airflow-merge-provider/detached/``, and the spec in a private file (mode 0600, removed
+      once the driver has exited); the task records the driver's :class:`DriverRef` (host, pid, start
+      time, log file) in the task state store, then follows the log file into the task log until the
+      driver exits. A worker that dies leaves the driver running: the retry, on the same host, finds it
+      by its ref and follows it to its end instead of starting a second Spark application, and on any
+      host finds its commit if it has landed (``skipped``). A retry on another host, which cannot see
+      the process, submits again; the idempotency key still applies the merge once. This is
+      ``ResumableJobMixin``'s reconnect-on-retry; the mixin's status is the driver process's
+      (``RUNNING``, ``EXITED``, ``ON_ANOTHER_HOST``, ``OTHER_MERGE``).
+    - deferrable: spark-submit starts detached (as above, without a spec file: the spec travels on the
+      command line, so credentials are refused) and the task defers to :class:`MergeCommitTrigger`,
+      which reads the driver's log and watches its process (on the same host) and the Delta log, so a
+      failed job ends the wait; ``execute_complete`` turns its one event into the same XCom as a waiting
+      run (the job's metrics line where the log is readable, else the commit's ``operationMetrics``)
+      or the same error.
+
+    In cluster deploy mode a waiting task runs spark-submit attached (it waits for the application); a
+    deferrable one lets spark-submit return once the application is accepted and the trigger waits for
+    the commit until ``execution_timeout`` (the driver's log is on the cluster, so a failed application
+    is seen only by its missing commit).
 
     :param target: the Delta table: a path or URI, or ``{"uri", "storage_options"}``. (templated)
     :param source: a Parquet path or URI, or the contract's ``{"uri", "format", "options",
@@ -71,9 +104,10 @@ class MergeIntoOperator(BaseOperator):
         (templated)
     :param expected_metrics: checks the job applies before committing, e.g.
         ``{"numTargetRowsDeleted": {"leq_to": 100}}``; a failed check fails the task without retries.
+        (templated)
     :param dry_run: compute the metrics without writing or committing (None: as ``options`` say).
     :param commit_metadata: JSON values recorded in the commit's ``commitInfo`` (next to the task's ids
-        under ``"airflow"``).
+        under ``"airflow"``). (templated)
     :param conn_id: the Spark connection (a missing one is an error, not a silent fall back to yarn).
     :param spark_conf: extra ``--conf`` pairs. (templated)
     :param executor_memory: as SparkSubmitHook.
@@ -83,32 +117,50 @@ class MergeIntoOperator(BaseOperator):
     :param total_executor_cores: as SparkSubmitHook.
     :param env_vars: environment of spark-submit; on a ``local`` master ``PYSPARK_PYTHON`` and
         ``PYSPARK_DRIVER_PYTHON`` default to the worker's Python, which has the job's dependencies.
+        (templated)
     :param spark_binary: the spark-submit command (default: the connection's, else ``spark-submit``).
     :param aws_conn_id: an Airflow connection whose AWS credentials (and extras ``region_name``,
         ``endpoint_url``) complete the storage options of an S3 target and S3 source for this run only;
         keys given in ``storage_options`` win. Resolved at execute time (with the Amazon provider when it
         is installed, else login = access key id, password = secret, extra ``aws_session_token``); the
-        credentials never reach the log, XCom or rendered fields. Needs client deploy mode and
-        ``wait_for_completion`` (the spec then travels in a private file). Not templated.
+        credentials never reach the log, XCom or rendered fields. Needs client deploy mode and a waiting
+        task (not ``deferrable``, ``wait_for_completion``): the spec then travels in a private file. Not
+        templated.
     :param app_id: override the idempotency key's application id (templated: ``"accounts.{{ ds }}"``
         makes the merge apply once per logical date, whichever run or clear runs it).
-    :param app_version: override the idempotency key's version (default: the DAG run's clear number).
+    :param app_version: override the idempotency key's version (default: the DAG run's clear number): an
+        int, or a template rendering to one (``"{{ ds_nodash }}"``). (templated)
     :param wait_for_completion: wait for the merge (default). False: start spark-submit and return its
-        ``appId``/``appVersion`` at once (fire and forget; wait with MergeCommitSensor). The task then
-        has no default outlet: give the sensor the table's asset instead.
+        ``appId``/``appVersion`` at once (fire and forget; wait with MergeCommitSensor; ``deferrable`` and
+        ``durable`` do not apply). The task then has no default outlet: give the sensor the table's asset.
+    :param deferrable: wait in the triggerer rather than in a worker slot (default: ``[operators]
+        default_deferrable``). Refuses credentials (``aws_conn_id``, secret ``storage_options``).
+    :param poll_interval: seconds between two looks of the trigger at the driver and the Delta log.
+    :param durable: record the driver in the task state store so that a retry after a worker crash
+        follows the running driver rather than starting another (default True, ``ResumableJobMixin``'s).
+    :param openlineage_inject_parent_job_info: add the task's OpenLineage parent job to the Spark conf
+        (``spark.openlineage.parent*``), for the OpenLineage Spark listener if the application has it
+        (default: ``[openlineage] spark_inject_parent_job_info``).
+    :param openlineage_inject_transport_info: add the OpenLineage transport to the Spark conf (default:
+        ``[openlineage] spark_inject_transport_info``). It lands on spark-submit's command line, as with
+        ``SparkSubmitOperator``: keep API keys out of such a transport.
     """
 
     template_fields: Sequence[str] = (
         "target", "source", "merge_sql", "condition", "when_matched", "when_not_matched",
-        "when_not_matched_by_source", "options", "spark_conf", "app_id",
+        "when_not_matched_by_source", "options", "spark_conf", "app_id", "app_version", "expected_metrics",
+        "commit_metadata", "env_vars",
     )  # fmt: skip
     template_ext: Sequence[str] = (".sql",)
     template_fields_renderers: ClassVar[dict[str, str]] = {
         "merge_sql": "sql", "condition": "sql", "source": "json", "when_matched": "json",
         "when_not_matched": "json", "when_not_matched_by_source": "json", "options": "json",
-        "spark_conf": "json",
+        "spark_conf": "json", "expected_metrics": "json", "commit_metadata": "json", "env_vars": "json",
     }  # fmt: skip
+    operator_extra_links = (SparkApplicationUiLink(), SparkDriverLogLink())
     ui_color = "#00add4"
+    # The task state store key of the driver's DriverRef (renaming it breaks in-flight retries).
+    external_id_key = "merge_driver"
 
     def __init__(
         self,
@@ -137,10 +189,16 @@ class MergeIntoOperator(BaseOperator):
         spark_binary: str | None = None,
         aws_conn_id: str | None = None,
         app_id: str | None = None,
-        app_version: int | None = None,
+        app_version: int | str | None = None,
         wait_for_completion: bool = True,
+        deferrable: bool | None = None,
+        poll_interval: float = 10.0,
+        durable: bool | None = None,
+        openlineage_inject_parent_job_info: bool | None = None,
+        openlineage_inject_transport_info: bool | None = None,
         **kwargs: Any,
     ) -> None:
+        reject_unknown_arguments(type(self), kwargs, options=option_names)
         clause_lists = (when_matched, when_not_matched, when_not_matched_by_source)
         structural = condition is not None or any(clause_lists)
         if (merge_sql is None) == (not structural):
@@ -148,6 +206,8 @@ class MergeIntoOperator(BaseOperator):
             raise ValueError(
                 f"MergeIntoOperator: give either merge_sql or condition with when_* clauses, found {found}"
             )
+        if durable is not None:
+            kwargs["durable"] = durable  # else the mixin's default, or default_args'
         super().__init__(**kwargs)
         self.target = target
         self.source = source
@@ -175,9 +235,24 @@ class MergeIntoOperator(BaseOperator):
         self.app_id = app_id
         self.app_version = app_version
         self.wait_for_completion = wait_for_completion
-        self._hook: MergeSubmitHook | None = None
+        self.deferrable = (
+            conf.getboolean("operators", "default_deferrable", fallback=False) if deferrable is None
+            else deferrable
+        )  # fmt: skip
+        self.poll_interval = poll_interval
+        self.openlineage_inject_parent_job_info = _conf_default(
+            openlineage_inject_parent_job_info, "spark_inject_parent_job_info"
+        )
+        self.openlineage_inject_transport_info = _conf_default(
+            openlineage_inject_transport_info, "spark_inject_transport_info"
+        )
+        self._hook: MergeDriverHook | None = None
         self._result: dict[str, Any] | None = None
         self._spec: MergeSpec | None = None
+        self._job_result: dict[str, Any] | None = None
+        self._run: MergeRun
+        # The extra links' URLs this task pushed, by XCom key (read back by the links in the worker).
+        self.pushed_links: dict[str, str] = {}
         dry = dry_run if dry_run is not None else bool(self.options.get("dry_run"))
         if "outlets" not in kwargs and wait_for_completion and not dry:
             dag = self.get_dag()
@@ -193,198 +268,198 @@ class MergeIntoOperator(BaseOperator):
         """
         from spark_jobs.delta_merge.contract import MergeSpec, MergeSpecError
 
+        ti = context["ti"]
+        names = ("target", "source", "merge_sql", "condition", "when_matched", "when_not_matched",
+                 "when_not_matched_by_source", "target_alias", "source_alias", "options", "expected_metrics",
+                 "commit_metadata", "app_id", "app_version")  # fmt: skip
+        fields = {name: getattr(self, name) for name in names} | {"dry_run": self.dry_run_merge}
+        clear_number = getattr(context["dag_run"], "clear_number", None) or 0
+        data = spec_dict(
+            fields=fields, dag_id=ti.dag_id, task_id=ti.task_id, run_id=ti.run_id, map_index=ti.map_index,
+            try_number=ti.try_number, clear_number=clear_number,
+        )  # fmt: skip
         try:
-            spec = MergeSpec.from_dict(self._spec_dict(context))
+            spec = MergeSpec.from_dict(data)
             spec.validate()
         except MergeSpecError as error:
             raise MergeSpecInvalidError(f"Invalid merge spec for task {self.task_id}: {error}") from error
         return spec
-
-    def _spec_dict(self, context: Context) -> dict[str, Any]:
-        ti = context["ti"]
-        app_id = self.app_id or default_app_id(ti.dag_id, ti.task_id, ti.run_id, ti.map_index)
-        app_version = self.app_version
-        if app_version is None:
-            app_version = getattr(context["dag_run"], "clear_number", None) or 0
-        airflow_ids = {
-            "dagId": ti.dag_id, "taskId": ti.task_id, "runId": ti.run_id, "mapIndex": ti.map_index,
-            "tryNumber": ti.try_number,
-        }  # fmt: skip
-        options = dict(self.options)
-        if self.dry_run_merge is not None:
-            options["dry_run"] = self.dry_run_merge
-        spec: dict[str, Any] = {
-            "target": dict(self.target) if isinstance(self.target, Mapping) else {"uri": self.target},
-            "source": dict(self.source) if isinstance(self.source, Mapping) else {
-                "uri": self.source, "format": "parquet"
-            },
-            "options": options,
-            "run": {
-                "app_id": app_id, "app_version": app_version,
-                "commit_metadata": {**self.commit_metadata, "airflow": airflow_ids},
-            },
-            "expected_metrics": self.expected_metrics,
-        }  # fmt: skip
-        if self.merge_sql is not None:
-            spec["merge_sql"] = self.merge_sql
-            return spec
-        aliases = {"target_alias": self.target_alias, "source_alias": self.source_alias}
-        spec |= {key: value for key, value in aliases.items() if value is not None}
-        spec["condition"] = self.condition
-        spec["clauses"] = self._clauses()
-        return spec
-
-    def _clauses(self) -> list[dict[str, Any]]:
-        lists = (self.when_matched, self.when_not_matched, self.when_not_matched_by_source)
-        clauses = []
-        for when, items in zip(_CLAUSE_KINDS, lists, strict=True):
-            for index, item in enumerate(items):
-                where = f"when_{when}[{index}]"
-                if not isinstance(item, Mapping):
-                    raise MergeSpecInvalidError(f"{where}: expected a clause dict, found {item!r}")
-                if item.get("when", when) != when:
-                    raise MergeSpecInvalidError(f"{where}.when: expected {when!r}, found {item['when']!r}")
-                clauses.append({**item, "when": when})
-        return clauses
 
     # -- execution -------------------------------------------------------------------------------------
 
     def execute(self, context: Context) -> dict[str, Any]:
         spec = self.build_spec(context)
         self._spec = spec
-        target, app_id, app_version = spec.target.uri, spec.run.app_id, spec.run.app_version
-        self.log.info("Merge spec:\n%s", _redacted(spec).to_json(indent=2))
+        self.log.info("Merge spec:\n%s", redacted(spec).to_json(indent=2))
         # From here on the spec may hold the connection's credentials: it stays local to this call.
-        spec = self._with_connection_credentials(spec)
-        if not spec.options.dry_run:
-            committed = self._committed(spec)
-            if committed is not None:
-                self.log.info(
-                    "The merge %s (version %s) already committed %s version %d: not applying it again",
-                    app_id, app_version, target, committed.version,
-                )  # fmt: skip
-                return self._finish(context, spec, committed.metrics(skipped=True))
-        hook = self._make_hook(spec)
-        from airflow_merge_provider.hooks.storage_credentials import secret_option_keys
-
-        secret_keys = sorted({*secret_option_keys(spec.target.storage_options),
-                              *secret_option_keys(spec.source.storage_options)})  # fmt: skip
-        if (self.aws_conn_id is not None or secret_keys) and (
-            hook.deploy_mode == "cluster" or not self.wait_for_completion
-        ):
-            # Only a waiting client-mode driver reads the spec from a private file on this machine; any
-            # other driver would get it on spark-submit's command line, credentials included. Options
-            # without secrets (endpoint, region) may travel there.
-            given = f"storage_options {secret_keys}" if secret_keys else "aws_conn_id"
-            raise MergeArgumentError(
-                f"{given}: credentials in storage_options and aws_conn_id need client deploy mode and "
-                f"wait_for_completion=True (found deploy mode {hook.deploy_mode!r}, "
-                f"wait_for_completion={self.wait_for_completion}): otherwise they would be on spark-submit's "
-                "command line. Give cluster-mode or detached drivers credentials through their environment "
-                "(spark.yarn.appMasterEnv.*, spark.kubernetes.driver.secretKeyRef.*) or instance roles, and "
-                "keep only options without secrets (endpoint, region) in storage_options."
-            )
+        spec = with_connection_credentials(spec, self.aws_conn_id, log=self.log)
+        committed = self._committed(spec)
+        if committed is not None:
+            self.log.info(
+                "The merge %s (version %s) already committed %s version %d: not applying it again",
+                spec.run.app_id, spec.run.app_version, spec.target.uri, committed.version,
+            )  # fmt: skip
+            return self._finish(context, spec, committed.metrics(skipped=True))
+        deferred = self.deferrable and self.wait_for_completion
+        hook = self._make_hook(spec, context, detached=deferred or not self.wait_for_completion)
+        refuse_credentials_on_the_command_line(
+            spec, aws_conn_id=self.aws_conn_id, deploy_mode=hook.deploy_mode,
+            private_file=hook.deploy_mode == "client" and self.wait_for_completion and not deferred,
+            how=f"wait_for_completion={self.wait_for_completion}, deferrable={self.deferrable}",
+        )  # fmt: skip
         if spec.options.dry_run and hook.deploy_mode == "cluster":
             raise MergeSpecInvalidError(
                 "dry_run needs client deploy mode: in cluster mode the driver's output (the only place a dry "
                 "run's metrics go) does not reach spark-submit"
             )
+        hook.on_application = lambda application: self._push_links(context, hook, application, live=True)
+        self._run = run = MergeRun(spec, hook, self.log, lambda: self._committed(spec))
         if not self.wait_for_completion:
-            return self._submit_detached(hook, spec)
-        return self._finish(context, spec, self._submit(hook, spec))
-
-    def _with_connection_credentials(self, spec: MergeSpec) -> MergeSpec:
-        """The spec with ``aws_conn_id``'s credentials in its S3 target's and source's storage options."""
-        if self.aws_conn_id is None:
-            return spec
-        from dataclasses import replace
-
-        from airflow_merge_provider.hooks.storage_credentials import StorageCredentialsHook, with_credentials
-
-        credentials = StorageCredentialsHook(aws_conn_id=self.aws_conn_id).storage_options()
-        self.log.info("Storage credentials from connection %r (keys: %s)", self.aws_conn_id,
-                      ", ".join(sorted(credentials)))  # fmt: skip
-        target = replace(spec.target, storage_options=with_credentials(
-            credentials, spec.target.storage_options, uri=spec.target.uri))  # fmt: skip
-        source = replace(spec.source, storage_options=with_credentials(
-            credentials, spec.source.storage_options, uri=spec.source.uri))  # fmt: skip
-        return replace(spec, target=target, source=source)
+            return self._submit_detached(run)
+        if deferred:
+            self._submit_and_defer(context, run)
+        if self.durable and hook.deploy_mode == "client" and context.get("task_state_store") is not None:
+            self.execute_resumable(context)
+            assert self._job_result is not None
+            return self._finish(context, spec, self._job_result)
+        return self._finish(context, spec, run.run_attached())
 
     def _committed(self, spec: MergeSpec) -> MergeCommit | None:
+        """The merge's commit, if the target's log holds it (never for a dry run)."""
+        if spec.options.dry_run:
+            return None
         return find_merge_commit(
             spec.target.uri, app_id=spec.run.app_id, app_version=spec.run.app_version,
             storage_options=spec.target.storage_options,
         )  # fmt: skip
 
-    def _make_hook(self, spec: MergeSpec) -> MergeSubmitHook:
-        self._hook = MergeSubmitHook.for_merge(
-            conn_id=self.conn_id, name=f"delta-merge {spec.run.app_id}", spark_conf=self.spark_conf,
-            env_vars=self.env_vars, detached=not self.wait_for_completion, spark_binary=self.spark_binary,
+    def _make_hook(self, spec: MergeSpec, context: Context | None, *, detached: bool) -> MergeDriverHook:
+        hook = MergeDriverHook.for_merge(
+            conn_id=self.conn_id, name=f"delta-merge {spec.run.app_id}",
+            spark_conf=self.spark_conf if context is None else with_openlineage_conf(
+                self.spark_conf, context, parent_job=self.openlineage_inject_parent_job_info,
+                transport=self.openlineage_inject_transport_info,
+            ),
+            env_vars=self.env_vars, detached=detached, spark_binary=self.spark_binary,
             executor_memory=self.executor_memory, driver_memory=self.driver_memory,
             executor_cores=self.executor_cores, num_executors=self.num_executors,
             total_executor_cores=self.total_executor_cores,
         )  # fmt: skip
+        self._hook = cast("MergeDriverHook", hook)
         return self._hook
 
-    def _submit(self, hook: MergeSubmitHook, spec: MergeSpec) -> dict[str, Any]:
-        from airflow_merge_provider.job_package import job_application
-
-        # A file keeps storage options off the command line; only a client-mode driver can read it.
-        secrets = bool(spec.target.storage_options or spec.source.storage_options)
-        in_file = hook.deploy_mode == "client" and secrets
-        with job_arguments(spec.to_json(), in_file=in_file) as args:
-            try:
-                hook.submit_job(job_application(), args)
-            except MergeProviderError:
-                raise
-            except AirflowException as error:
-                # Success is never decided from an exit code alone: the commit may have landed.
-                committed = None if spec.options.dry_run else self._committed(spec)
-                if committed is None:
-                    failure = hook.failure
-                    raise job_failed_error(
-                        spec.target.uri, None if failure is None else failure.kind,
-                        None if failure is None else failure.message,
-                    ) from error  # fmt: skip
-                self.log.warning(
-                    "spark-submit failed, but the merge committed version %d: reporting that commit",
-                    committed.version,
-                )
-                return committed.metrics()
-        if hook.metrics is not None:
-            return to_xcom(hook.metrics, app_id=spec.run.app_id, app_version=spec.run.app_version)
-        committed = None if spec.options.dry_run else self._committed(spec)
-        if committed is None:
-            raise MergeMetricsNotFoundError(
-                f"spark-submit succeeded but printed no metrics line, and {spec.target.uri} holds no commit "
-                f"of {spec.run.app_id} (version {spec.run.app_version}). Check the driver's log."
-            )
-        return committed.metrics()
-
-    def _submit_detached(self, hook: MergeSubmitHook, spec: MergeSpec) -> dict[str, Any]:
-        from airflow_merge_provider.job_package import job_application
-
-        args = ["--spec-json", spec.to_json()]
+    def _submit_detached(self, run: MergeRun) -> dict[str, Any]:
+        """Fire and forget: start spark-submit and return the merge's identity."""
+        spec = run.spec
         result: dict[str, Any] = {
             "appId": spec.run.app_id, "appVersion": spec.run.app_version, "target": spec.target.uri,
             "skipped": False, "submitted": True,
         }  # fmt: skip
-        if hook.deploy_mode == "cluster":
-            hook.submit_job(job_application(), args)
-            self.log.info(
-                "Submitted merge %s to %s; wait for its commit with MergeCommitSensor",
-                spec.run.app_id, hook.master,
-            )  # fmt: skip
-            return result
-        name = re.sub(r"[^A-Za-z0-9_.-]+", "_", str(spec.run.app_id))[:150]
-        log_path = Path(tempfile.gettempdir()) / "airflow-merge-provider" / "detached" / f"{name}.log"
-        result["pid"] = hook.submit_detached(job_application(), args, log_path=str(log_path))
-        result["driverLog"] = str(log_path)
-        self.log.info(
-            "Started spark-submit (pid %d, driver output in %s) for merge %s; wait for its commit with "
-            "MergeCommitSensor", result["pid"], log_path, spec.run.app_id,
-        )  # fmt: skip
+        driver = run.start(spec_in_file=False)
+        if driver is not None:
+            result |= {"pid": driver.pid, "driverLog": driver.driver_log}
+        self.log.info("Submitted merge %s to %s; wait for its commit with MergeCommitSensor", spec.run.app_id,
+                      run.hook.master)  # fmt: skip
         return result
+
+    # -- durable: ResumableJobMixin --------------------------------------------------------------------
+    # execute_resumable() records the DriverRef that submit_job returns in the task state store before it
+    # follows the driver; a retry that finds its driver RUNNING follows it instead of submitting again.
+
+    def submit_job(self, context: Context) -> JsonValue:
+        driver = self._run.start(spec_in_file=True)
+        assert driver is not None  # durable runs are client-mode only
+        return cast("JsonValue", driver.to_dict())
+
+    def get_job_status(self, external_id: JsonValue, context: Context) -> str:
+        spec = self._run.spec
+        try:
+            driver = DriverRef.from_dict(cast("Mapping[str, Any]", external_id))
+        except (ValueError, TypeError) as error:
+            self.log.warning("Ignoring the task state store's %s: %s", self.external_id_key, error)
+            return "UNKNOWN"
+        if not driver.is_for(spec.run.app_id, spec.run.app_version):
+            return "OTHER_MERGE"  # a ref from before the task was cleared
+        state = driver_state(driver)
+        if state == "running":
+            return "RUNNING"
+        if state == "elsewhere":
+            self.log.warning(
+                "The previous try's driver (pid %d) was started on host %s, where this worker cannot look: "
+                "submitting the merge again (the idempotency key still applies it once)", driver.pid,
+                driver.host,
+            )  # fmt: skip
+            return "ON_ANOTHER_HOST"
+        remove_spec_file(driver)
+        return "EXITED"
+
+    def is_job_active(self, status: str) -> bool:
+        return status == "RUNNING"
+
+    def is_job_succeeded(self, status: str) -> bool:
+        return False  # a merge that committed was already reported as skipped before this decision
+
+    def poll_until_complete(self, external_id: JsonValue, context: Context) -> None:
+        self._job_result = self._run.follow(DriverRef.from_dict(cast("Mapping[str, Any]", external_id)))
+
+    def get_job_result(self, external_id: JsonValue, context: Context) -> dict[str, Any] | None:
+        return self._job_result
+
+    # -- deferrable ------------------------------------------------------------------------------------
+
+    def _submit_and_defer(self, context: Context, run: MergeRun) -> None:
+        """Start the job without waiting (or find the previous try's driver still running), then defer."""
+        store = context.get("task_state_store") if self.durable else None
+        stored = None if store is None else store.get(self.external_id_key)
+        driver: DriverRef | None
+        if stored and self.is_job_active(self.get_job_status(stored, context)):
+            driver = DriverRef.from_dict(cast("Mapping[str, Any]", stored))
+            self.log.info("The previous try's driver (pid %d) still runs: deferring on it", driver.pid)
+        else:
+            driver = run.start(spec_in_file=False)
+            if driver is not None and store is not None:
+                store.set(self.external_id_key, cast("JsonValue", driver.to_dict()))
+        spec, timeout = run.spec, self.execution_timeout
+        deadline = None if timeout is None else time.time() + timeout.total_seconds()
+        dry = spec.options.dry_run
+        ref = None if driver is None else driver.to_dict()
+        trigger = MergeCommitTrigger(
+            target=spec.target.uri, app_id=None if dry else spec.run.app_id,
+            app_version=None if dry else spec.run.app_version, storage_options=spec.target.storage_options,
+            poll_interval=self.poll_interval, deadline=deadline, driver=ref,
+        )  # fmt: skip
+        self.defer(trigger=trigger, method_name="execute_complete")
+
+    def execute_complete(self, context: Context, event: Mapping[str, Any]) -> dict[str, Any]:
+        """Resume after the trigger's one event: the same XCom, asset event and task log as a waiting run,
+        or the same error."""
+        spec = self.build_spec(context)
+        self._spec = spec
+        run = MergeRun(
+            spec, self._make_hook(spec, None, detached=True), self.log, lambda: self._committed(spec)
+        )
+        ref = None if event.get("driver") is None else DriverRef.from_dict(event["driver"])
+        if ref is not None and not run.hook.replay(ref):
+            self.log.info("The driver's output is on host %s, in %s", ref.host, ref.driver_log)
+        if event.get("status") == "success":
+            metrics = event.get("metrics")
+            if metrics is not None:
+                result = to_xcom(metrics, app_id=spec.run.app_id, app_version=spec.run.app_version)
+            else:
+                result = MergeCommit.from_dict(event["commit"]).metrics()
+        elif event.get("timed_out"):
+            if ref is not None and stop_driver(ref):
+                self.log.warning("Stopped the driver (pid %d): the task timed out", ref.pid)
+            raise AirflowTaskTimeout(str(event.get("message")))
+        elif event.get("failure") is not None or event.get("exited"):
+            failure = None if event.get("failure") is None else _job_failure(event["failure"])
+            result = run.outcome(metrics=None, failure=failure, failed=True)
+        else:
+            raise MergeProviderError(f"Waiting for the merge into {spec.target.uri}: {event.get('message')}")
+        self._push_links(context, run.hook, run.hook.application, live=False)
+        return self._finish(context, spec, result)
+
+    # -- results ---------------------------------------------------------------------------------------
 
     def _finish(self, context: Context, spec: MergeSpec, metrics: dict[str, Any]) -> dict[str, Any]:
         self.log.info("%s", format_summary(spec.target.uri, metrics))
@@ -394,6 +469,18 @@ class MergeIntoOperator(BaseOperator):
             record_merge_event(context, self.outlets, target=spec.target.uri, metrics=metrics)
         self._result = metrics
         return metrics
+
+    def _push_links(
+        self, context: Context, hook: MergeDriverHook, application: SparkApplication, *, live: bool
+    ) -> None:
+        if not self.do_xcom_push:
+            return
+        rm_url = None
+        if hook.master.startswith("yarn"):
+            rm_url = hook.get_connection(self.conn_id).extra_dejson.get("yarn_resourcemanager_webapp_address")
+        urls = application_links(application, master=hook.master, deploy_mode=hook.deploy_mode,
+                                 yarn_rm_url=rm_url, live=live)  # fmt: skip
+        push_links(context, urls, self.pushed_links, log=self.log)
 
     def on_kill(self) -> None:
         if self._hook is not None:
@@ -407,14 +494,15 @@ class MergeIntoOperator(BaseOperator):
         return None if self._spec is None else merge_lineage(self._spec, self._result or {})
 
 
+def _conf_default(value: bool | None, key: str) -> bool:
+    return conf.getboolean("openlineage", key, fallback=False) if value is None else value
+
+
+def _job_failure(data: Mapping[str, Any]) -> JobFailure:
+    from spark_jobs.delta_merge.contract import JobFailure
+
+    return JobFailure(str(data["kind"]), str(data["message"]))
+
+
 def _target_uri(target: str | Mapping[str, Any]) -> str:
     return str(target.get("uri", "")) if isinstance(target, Mapping) else target
-
-
-def _redacted(spec: MergeSpec) -> MergeSpec:
-    """The spec with storage option values hidden, for the log."""
-    from dataclasses import replace
-
-    target = replace(spec.target, storage_options=dict.fromkeys(spec.target.storage_options, "***"))
-    source = replace(spec.source, storage_options=dict.fromkeys(spec.source.storage_options, "***"))
-    return replace(spec, target=target, source=source)

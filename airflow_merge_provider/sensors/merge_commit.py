@@ -9,6 +9,7 @@ from typing import Any
 from airflow.sdk import BaseSensorOperator, Context, PokeReturnValue
 from airflow.sdk.exceptions import AirflowException, AirflowSensorTimeout
 
+from airflow_merge_provider.argument_check import reject_unknown_arguments
 from airflow_merge_provider.assets import record_merge_event
 from airflow_merge_provider.errors import MergeArgumentError
 from airflow_merge_provider.hooks.merge_commit import MergeCommit, find_merge_commit
@@ -68,6 +69,7 @@ class MergeCommitSensor(BaseSensorOperator):
         deferrable: bool = False,
         **kwargs: Any,
     ) -> None:
+        reject_unknown_arguments(type(self), kwargs)
         if app_id is None and after_version is None:
             raise ValueError("MergeCommitSensor: give app_id (and app_version) or after_version")
         if app_id is None and app_version is not None:
