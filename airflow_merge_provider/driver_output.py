@@ -37,7 +37,9 @@ class SparkApplication:
 
     :param app_id: Spark's application id (``app-...`` on a standalone master, ``application_...`` on
         YARN); None on a local master, which logs none.
-    :param ui_url: the driver's own web UI (live only while the driver runs).
+    :param ui_port: the port of the driver's own web UI (:attr:`ui_url`, live only while the driver runs).
+    :param ui_url_logged: the UI's address where Spark logs it whole (releases before 4).
+    :param driver_host: the address the driver advertises (its block manager's).
     """
 
     app_id: str | None = None

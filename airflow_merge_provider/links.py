@@ -100,10 +100,13 @@ def application_links(
 
 
 def push_links(context: Context, urls: Mapping[str, str], pushed: dict[str, str], *, log: Any) -> None:
-    """Push each URL as XCom under its link's key, once (``pushed`` records what was); a link that cannot be
-    pushed is logged, never fails the merge (an XCom backend or API hiccup must not stop a running job)."""
+    """Push each URL as XCom under its link's key, once (``pushed`` records what was), and an empty one for
+    a link pushed before that ``urls`` no longer has (a driver UI gone with its driver). A link that cannot
+    be pushed is logged, never fails the merge (an XCom backend or API hiccup must not stop a running job).
+    """
+    urls = {**dict.fromkeys((key for key, url in pushed.items() if url), ""), **urls}
     for key, url in urls.items():
-        if pushed.get(key) == url:
+        if pushed.get(key, "") == url:
             continue
         try:
             context["ti"].xcom_push(key=key, value=url)
@@ -111,4 +114,5 @@ def push_links(context: Context, urls: Mapping[str, str], pushed: dict[str, str]
             log.warning("Could not record the link %s (%s): %s", key, url, error)
             continue
         pushed[key] = url
-        log.info("Spark application link: %s", url)
+        if url:
+            log.info("Spark application link: %s", url)

@@ -318,11 +318,17 @@ class MergeIntoOperator(ResumableJobMixin, BaseOperator):
             return self._submit_detached(run)
         if deferred:
             self._submit_and_defer(context, run)
-        if self.durable and hook.deploy_mode == "client" and context.get("task_state_store") is not None:
-            self.execute_resumable(context)
-            assert self._job_result is not None
-            return self._finish(context, spec, self._job_result)
-        return self._finish(context, spec, run.run_attached())
+        try:
+            if self.durable and hook.deploy_mode == "client" and context.get("task_state_store") is not None:
+                self.execute_resumable(context)
+                assert self._job_result is not None
+                result = self._job_result
+            else:
+                result = run.run_attached()
+        finally:
+            # The driver's own UI died with it: its link would lead nowhere.
+            self._push_links(context, hook, hook.application, live=False)
+        return self._finish(context, spec, result)
 
     def _committed(self, spec: MergeSpec) -> MergeCommit | None:
         """The merge's commit, if the target's log holds it (never for a dry run)."""

@@ -65,12 +65,12 @@ def runtime_context(
     make_context: ContextFactory, *, store: MemoryTaskStateStore | None = None, **kwargs: Any
 ) -> Context:
     """``make_context``'s context with what Airflow's task runner adds: the task state store, the task
-    instance's stats tags, and ``xcom_push`` (pushed values land in ``context["ti"].pushed``)."""
+    instance's stats tags, and ``xcom_push`` (each push lands in ``context["ti"].pushes``)."""
     context = make_context(**kwargs)
     ti: SimpleNamespace = context["ti"]  # type: ignore[assignment]
     ti.stats_tags = {}
-    ti.pushed = {}
-    ti.xcom_push = lambda key, value: ti.pushed.__setitem__(key, value)
+    ti.pushes = []
+    ti.xcom_push = lambda key, value: ti.pushes.append((key, value))
     if store is not None:
         context["task_state_store"] = store  # type: ignore[typeddict-unknown-key]
     return context

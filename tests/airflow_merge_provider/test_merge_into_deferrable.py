@@ -103,7 +103,7 @@ def test_the_task_defers_while_the_driver_runs_and_completes_with_a_waiting_runs
     # The driver's output is replayed into the resumed task's log; its live UI is not linked any more.
     out, err = capfd.readouterr()
     assert "[delta-merge] MERGE committed" in out + err
-    assert context["ti"].pushed == {}
+    assert context["ti"].pushes == []
 
 
 def test_a_commit_seen_without_the_driver_log_gives_the_commits_metrics(

@@ -124,7 +124,11 @@ def test_an_attached_run_pushes_the_drivers_ui_link_as_soon_as_its_log_names_it(
 
     merge_operator(tmp_path, slow.binary).execute(context)
 
-    assert context["ti"].pushed == {"_link_SparkApplicationUiLink": "http://10.1.2.3:4041"}
+    # Pushed while the driver runs, emptied once it has exited (its UI died with it).
+    assert context["ti"].pushes == [
+        ("_link_SparkApplicationUiLink", "http://10.1.2.3:4041"),
+        ("_link_SparkApplicationUiLink", ""),
+    ]
 
 
 def test_the_provider_registers_the_extra_links() -> None:
