@@ -99,7 +99,8 @@ class MergeDriverHook(MergeSubmitHook):
 
     def follow(self, driver: DriverRef) -> int | None:
         """Relay the driver's log into the task log, parsing it as spark-submit's pipe is parsed, until the
-        driver has exited; return its exit code when this process started it (None after a reconnect).
+        driver has exited, then remove it; return the driver's exit code when this process started it (None
+        after a reconnect).
 
         A log file that is gone (a cleaned temp dir) is waited on by the process alone.
         """
@@ -109,14 +110,17 @@ class MergeDriverHook(MergeSubmitHook):
             process = None
         try:
             self._process_spark_submit_log(self._tail(driver, process))
-            return None if process is None else process.wait()
+            exit_code = None if process is None else process.wait()
+            # Every line is in the task log now: the file would only pile up in the temp dir.
+            Path(driver.driver_log).unlink(missing_ok=True)
+            return exit_code
         finally:
             if _exited(driver, process):
                 remove_spec_file(driver)
 
     def replay(self, driver: DriverRef) -> bool:
         """Log and parse an ended driver's log file as if it had come through spark-submit's pipe (a
-        deferred task's driver); False when the file is not on this host."""
+        deferred task's driver), then remove it; False when the file is not on this host."""
         if driver_state(driver) == "elsewhere":
             return False
         try:
@@ -125,6 +129,8 @@ class MergeDriverHook(MergeSubmitHook):
             return False
         with file:
             self._process_spark_submit_log(line.rstrip("\n") for line in file)
+        # In the task log now, up to the job's last line (a driver may still be shutting Spark down).
+        Path(driver.driver_log).unlink(missing_ok=True)
         return True
 
     def _tail(self, driver: DriverRef, process: subprocess.Popen[bytes] | None) -> Iterator[str]:

@@ -104,6 +104,7 @@ def test_the_task_defers_while_the_driver_runs_and_completes_with_a_waiting_runs
     out, err = capfd.readouterr()
     assert "[delta-merge] MERGE committed" in out + err
     assert context["ti"].pushes == []
+    assert not Path(driver.driver_log).exists()
 
 
 def test_a_commit_seen_without_the_driver_log_gives_the_commits_metrics(

@@ -78,6 +78,7 @@ def test_a_durable_run_records_its_driver_then_follows_it_into_the_task_log(
     driver = DriverRef.from_dict(store.get("merge_driver"))
     assert (driver.app_id, driver.app_version, driver.spec_file) == (APP_ID, 0, str(spec_file))
     assert driver_state(driver) == "exited"
+    assert not Path(driver.driver_log).exists()  # relayed into the task log, then removed
     # The same XCom as an attached run: the job's metrics line, Spark jobs and stage times included.
     assert (result["numSparkJobs"], result["stageTimesMs"]) == (7, {"MERGE operation - committing": 12})
     assert (result["skipped"], result["tableVersion"], result["appId"]) == (False, 1, APP_ID)
