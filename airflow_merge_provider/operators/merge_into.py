@@ -68,23 +68,25 @@ class MergeIntoOperator(ResumableJobMixin, BaseOperator):
       ``<tempdir>/airflow-merge-provider/detached/``, and the spec in a private file (mode 0600, removed
       once the driver has exited); the task records the driver's :class:`DriverRef` (host, pid, start
       time, log file) in the task state store, then follows the log file into the task log until the
-      driver exits. A worker that dies leaves the driver running: the retry, on the same host, finds it
-      by its ref and follows it to its end instead of starting a second Spark application, and on any
-      host finds its commit if it has landed (``skipped``). A retry on another host, which cannot see
-      the process, submits again; the idempotency key still applies the merge once. This is
-      ``ResumableJobMixin``'s reconnect-on-retry; the mixin's status is the driver process's
-      (``RUNNING``, ``EXITED``, ``ON_ANOTHER_HOST``, ``OTHER_MERGE``).
+      driver exits (and removes it). A worker that dies leaves the driver running: the retry, on the
+      same host, finds it by its ref and follows it to its end instead of starting a second Spark
+      application, and on any host finds its commit if it has landed (``skipped``). A retry on another
+      host, which cannot see the process, submits again; the idempotency key still applies the merge
+      once. This is ``ResumableJobMixin``'s reconnect-on-retry; the mixin's status is the driver
+      process's (``RUNNING``, ``EXITED``, ``ON_ANOTHER_HOST``, ``OTHER_MERGE``).
     - deferrable: spark-submit starts detached (as above, without a spec file: the spec travels on the
       command line, so credentials are refused) and the task defers to :class:`MergeCommitTrigger`,
       which reads the driver's log and watches its process (on the same host) and the Delta log, so a
-      failed job ends the wait; ``execute_complete`` turns its one event into the same XCom as a waiting
-      run (the job's metrics line where the log is readable, else the commit's ``operationMetrics``)
-      or the same error.
+      failed job ends the wait; ``execute_complete`` replays the driver's log into the task log (on the
+      driver's host) and turns the one event into the same XCom as a waiting run (the job's metrics line
+      where the log was readable, else the commit's ``operationMetrics``) or the same error. The trigger
+      gives up at ``execution_timeout`` (the task then stops the driver, on its host). A task marked
+      failed while deferred leaves its driver running, as the driver has no task process to stop it.
 
     In cluster deploy mode a waiting task runs spark-submit attached (it waits for the application); a
     deferrable one lets spark-submit return once the application is accepted and the trigger waits for
-    the commit until ``execution_timeout`` (the driver's log is on the cluster, so a failed application
-    is seen only by its missing commit).
+    the commit until ``execution_timeout``: the driver's log is on the cluster, so a failed application
+    is seen only by its missing commit (set ``execution_timeout``).
 
     :param target: the Delta table: a path or URI, or ``{"uri", "storage_options"}``. (templated)
     :param source: a Parquet path or URI, or the contract's ``{"uri", "format", "options",
@@ -427,6 +429,9 @@ class MergeIntoOperator(ResumableJobMixin, BaseOperator):
                 store.set(self.external_id_key, cast("JsonValue", driver.to_dict()))
         spec, timeout = run.spec, self.execution_timeout
         deadline = None if timeout is None else time.time() + timeout.total_seconds()
+        if driver is None and timeout is None:
+            self.log.warning("Deferring on a cluster-mode application without execution_timeout: a "
+                             "failed application is seen only by its missing commit")  # fmt: skip
         dry = spec.options.dry_run
         ref = None if driver is None else driver.to_dict()
         trigger = MergeCommitTrigger(
