@@ -7,6 +7,7 @@ from typing import Any
 
 from airflow.sdk import BaseBranchOperator, Context
 
+from airflow_merge_provider.argument_check import reject_unknown_arguments
 from airflow_merge_provider.errors import MergeArgumentError
 from spark_jobs.delta_merge.contract import failed_expectations
 
@@ -40,6 +41,7 @@ class MergeMetricsBranchOperator(BaseBranchOperator):
         merge_map_index: int | None = None,
         **kwargs: Any,
     ) -> None:
+        reject_unknown_arguments(type(self), kwargs)
         if not callable(condition) and not isinstance(condition, Mapping):
             raise TypeError(f"condition must be a callable or a mapping of checks, found {condition!r}")
         super().__init__(**kwargs)

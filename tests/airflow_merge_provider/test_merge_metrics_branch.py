@@ -54,3 +54,14 @@ def test_no_metrics_upstream_is_an_error(make_context: ContextFactory) -> None:
 def test_the_condition_must_be_callable_or_checks() -> None:
     with pytest.raises(TypeError, match="callable or a mapping"):
         _branch("numTargetRowsDeleted > 0")
+
+
+def test_a_misspelt_argument_names_the_one_meant() -> None:
+    with (
+        DAG("dag", schedule=None, start_date=pendulum.datetime(2024, 1, 1, tz="UTC")),
+        pytest.raises(TypeError, match=r"unknown argument 'merge_map_idx'; did you mean 'merge_map_index'\?"),
+    ):
+        MergeMetricsBranchOperator(
+            task_id="branch", merge_task_id="merge", merge_map_idx=0, condition=lambda m: True,
+            follow_task_ids_if_true="audit", follow_task_ids_if_false="done",
+        )  # fmt: skip
