@@ -1,6 +1,7 @@
 """The provider under a deployed Airflow: scheduler, dag-processor, triggerer and api-server as real
 processes on a real PostgreSQL metadata database, LocalExecutor, a scheduled DAG with catchup, a
-deferrable sensor in the real triggerer, then a backfill of the same dates through the CLI.
+deferrable merge and a deferrable sensor beside it in the real triggerer, then a backfill of the same
+dates through the CLI.
 
 Everything is read back the way an operator of a deployment would: XCom and task logs through the REST API
 (v2), the table through two Delta readers and its log's history. 1 min 45 s to 2 min 30 s on 2 cores
@@ -76,8 +77,8 @@ with DAG(
     # One table: runs merge in date order, one at a time.
     max_active_runs=1,
 ):
-    # Fire and forget: the task starts spark-submit and returns; the sensor waits for the commit.
-    merge = MergeIntoOperator(
+    # Deferrable: the task starts spark-submit and waits in the triggerer for its driver and commit.
+    MergeIntoOperator(
         task_id={merge_task!r},
         target=TARGET,
         source=LANDING + "/{{{{ ds }}}}",
@@ -90,19 +91,21 @@ with DAG(
         # Once per logical date, whatever run or clear executes it (README: Idempotency).
         app_id="deployed_accounts.{{{{ ds }}}}",
         app_version=1,
-        wait_for_completion=False,
+        deferrable=True,
+        poll_interval=1,
         spark_conf={spark_conf!r},
     )
-    wait = MergeCommitSensor(
+    # Beside the merge, not after it: it starts while the driver runs (a JVM takes seconds to start),
+    # finds no commit yet and defers until the commit lands.
+    MergeCommitSensor(
         task_id={sensor_task!r},
         target=TARGET,
-        app_id="{{{{ ti.xcom_pull(task_ids={merge_task!r})['appId'] }}}}",
-        app_version="{{{{ ti.xcom_pull(task_ids={merge_task!r})['appVersion'] }}}}",
+        app_id="deployed_accounts.{{{{ ds }}}}",
+        app_version=1,
         deferrable=True,
         poke_interval=1,
         timeout=600,
     )
-    merge >> wait
 '''
 
 # A small local job: no UI, few partitions, a JVM that starts fast (as tests/spark_jobs/submit_harness.py).
@@ -380,14 +383,7 @@ def test_scheduled_catchup_then_backfill_on_a_deployed_airflow(deployment: Deplo
     committed: dict[str, dict[str, Any]] = {}
     for version, date in enumerate(DATES, start=1):
         run_id, app_id = _run_id(date), f"deployed_accounts.{date}"
-        submitted = api.xcom(run_id, MERGE_TASK)
-        assert (submitted["submitted"], submitted["appId"], submitted["appVersion"]) == (True, app_id, 1)
-        # The detached driver's own output: the job's metrics line and its commit.
-        driver_log = Path(submitted["driverLog"]).read_text(encoding="utf-8", errors="replace")
-        assert "MERGE_METRICS_JSON=" in driver_log, driver_log[-3000:]
-        assert f"MERGE committed version {version}" in driver_log, driver_log[-3000:]
-
-        metrics = committed[date] = api.xcom(run_id, SENSOR_TASK)
+        metrics = committed[date] = api.xcom(run_id, MERGE_TASK)
         inserted, updated = EXPECTED_COUNTS[date]
         expected = {
             "appId": app_id, "appVersion": 1, "numSourceRows": len(LANDING[date]["id"]),
@@ -395,6 +391,21 @@ def test_scheduled_catchup_then_backfill_on_a_deployed_airflow(deployment: Deplo
             "readVersion": version - 1, "tableVersion": version, "skipped": False,
         }  # fmt: skip
         assert {key: metrics[key] for key in expected} == expected, metrics
+        # The merge deferred; the triggerer watched its driver; the resumed task replayed the driver's
+        # output into its log and logged the summary.
+        merge_states = deployment.states_seen.get((run_id, MERGE_TASK), [])
+        merge_log = api.log(run_id, MERGE_TASK, 1)
+        assert "deferred" in merge_states, f"{merge_states}\n{merge_log}\n{processes.tails('triggerer')}"
+        assert "Pausing task as DEFERRED" in merge_log, merge_log
+        assert "Trigger fired event" in merge_log, merge_log
+        assert f"MERGE committed version {version}" in merge_log, merge_log
+        summary = (f"MERGE into {target} v{version}: source={len(LANDING[date]['id'])}, "
+                   f"inserted={inserted}, updated={updated}, deleted=0,")  # fmt: skip
+        assert summary in merge_log, merge_log
+
+        # The sensor saw the same commit.
+        sensed = api.xcom(run_id, SENSOR_TASK)
+        assert {key: sensed[key] for key in COUNTED} == {key: metrics[key] for key in COUNTED}
 
         # The sensor deferred, its trigger ran in the triggerer (whose log file the API serves with the
         # task's), and the resumed task found the commit.
