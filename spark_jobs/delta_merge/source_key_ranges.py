@@ -1,16 +1,19 @@
-"""The target files a merge's join can skip by the range of the source's keys.
+"""The target files a merge's join can skip by the source's keys.
 
 A target row matches a source row only where every conjunct ``t.a = s.b`` of the search condition holds,
-so a file whose statistics put all its ``a`` values outside the source's [min(b), max(b)] holds no row
-the source matches (NULL keys match nothing under ``=``). delta-rs prunes its scan by the source's key
-range the same way; Delta on Spark leaves it to dynamic file pruning. Only the join reads fewer files:
-the files after skipping that the metrics count and that the commit's conflict check takes as read stay
-those of the target-only predicates, as Delta's.
+so a file whose statistics put all its ``a`` values where no ``b`` of the source is holds no row the
+source matches (NULL keys match nothing under ``=``). One Spark job marks which pieces of the files'
+[min, max] intervals hold a source key (key_intervals); a file none of whose pieces is marked is skipped,
+also when it lies between the source's keys. delta-rs prunes its scan by the source's one [min, max]
+range, a coarser form of the same; Delta on Spark leaves it to dynamic file pruning. Only the join reads
+fewer files: the files after skipping that the metrics count and that the commit's conflict check takes
+as read stay those of the target-only predicates, as Delta's.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -33,17 +36,24 @@ from spark_jobs.delta_merge.column_mapping import physical_name
 from spark_jobs.delta_merge.copy_by_position import size_conf
 from spark_jobs.delta_merge.expressions import column_refs, parse_expression, split_conjuncts
 from spark_jobs.delta_merge.files import LiveFile
+from spark_jobs.delta_merge.key_intervals import (
+    EPOCH,
+    MARKS_SCHEMA,
+    intervals_marked,
+    mark_pieces,
+    merge_marks,
+)
 from spark_jobs.delta_merge.merge_plan import MergePlan
 from spark_jobs.delta_merge.snapshot import TargetSnapshot
 
 __all__ = ["KEY_RANGES_CONF", "join_keys", "joinable_files"]
 
-# Candidates holding fewer bytes are all joined: the source's key range costs a Spark job (seconds in a
+# Candidates holding fewer bytes are all joined: marking the source's keys costs a Spark job (seconds in a
 # cold JVM), more than reading a few small files.
 KEY_RANGES_CONF = "spark.delta_merge.sourceKeyRanges.minFileBytes"
 _DEFAULT_MIN_FILE_BYTES = 8 << 20
 
-# Key types whose statistics compare with the source's min and max exactly, as Python values.
+# Key types whose statistics compare with the source's keys exactly, as Python values.
 _RANGE_TYPES = (ByteType, ShortType, IntegerType, LongType, DateType, StringType)
 
 
@@ -51,11 +61,11 @@ def joinable_files(
     spark: SparkSession, source: DataFrame, *, snapshot: TargetSnapshot, plan: MergePlan,
     files: Sequence[LiveFile],
 ) -> list[LiveFile]:
-    """The ``files`` whose statistics allow a row with keys in the source's key ranges (when they hold at
-    least :data:`KEY_RANGES_CONF` bytes, default 8 MiB): one Spark job for
-    the ranges (none where no file has statistics on a key), the files compared on the driver. All of
-    them when the statement has NOT MATCHED BY SOURCE clauses (which act on unmatched rows) or no
-    equi-join key of a type ranges are taken on."""
+    """The ``files`` whose statistics allow a row with a key some source row has (when they hold at
+    least :data:`KEY_RANGES_CONF` bytes, default 8 MiB): one Spark job over the source's key columns
+    (none where no file has statistics on a key), the files compared on the driver. All of them when the
+    statement has NOT MATCHED BY SOURCE clauses (which act on unmatched rows) or no equi-join key of a
+    type whose statistics order as the keys compare (integers, dates, strings of the binary collation)."""
     if not files or plan.clauses_of("not_matched_by_source"):
         return list(files)
     minimum = size_conf(spark, KEY_RANGES_CONF, _DEFAULT_MIN_FILE_BYTES, never="never prune by key range")
@@ -71,34 +81,32 @@ def joinable_files(
         for target, source_column in equalities
         if (field := _field(plan.target_schema, target)).name.lower() not in partition_columns
         and isinstance(field.dataType, _RANGE_TYPES)
+        and getattr(field.dataType, "collation", "UTF8_BINARY") == "UTF8_BINARY"
         and any(_bound(f, "min_values", physical_name(field, snapshot.column_mapping_mode)) is not None
                 for f in files)
     ]  # fmt: skip
     if not keys:
         return list(files)
-    bounds = source.agg(*[
-        aggregate(F.col(_quoted(column))).alias(f"{name}{i}")
-        for i, (_, _, column) in enumerate(keys) for name, aggregate in (("low", F.min), ("high", F.max))
-    ]).collect()[0]  # fmt: skip
-    ranges = []
-    for i, (name, data_type, _) in enumerate(keys):
-        low, high = bounds[f"low{i}"], bounds[f"high{i}"]
-        if low is None:
-            return []  # no source row has this key: nothing matches
-        ranges.append((name, data_type, low, high))
-    return [f for f in files if all(_may_hold(f, *key_range) for key_range in ranges)]
+    intervals = [[_interval(f, name, data_type) for f in files] for name, data_type, _ in keys]
+    endpoints = [sorted({v for interval in key for v in interval if v is not None}) for key in intervals]
+    key_columns = source.select(*[F.col(_quoted(column)) for _, _, column in keys])
+    rows = key_columns.mapInArrow(functools.partial(mark_pieces, endpoints), MARKS_SCHEMA).collect()
+    marks = merge_marks([(row["key"], row["pieces"]) for row in rows], endpoints)
+    if not all(m.any() for m in marks):
+        return []  # no source row has this key: nothing matches
+    held = [intervals_marked(m, e, i) for m, e, i in zip(marks, endpoints, intervals, strict=True)]
+    return [f for index, f in enumerate(files) if all(per_key[index] for per_key in held)]
 
 
-def _may_hold(live: LiveFile, name: str, data_type: DataType, low: Any, high: Any) -> bool:
-    """Whether ``live``'s statistics allow a value of ``name`` in [``low``, ``high``]: a missing or
-    unreadable bound allows anything. Truncated string bounds still bound (a prefix is below every value it
-    starts, and Delta's truncated maximum is above), and Python orders strings by code point, as UTF-8
-    bytes order."""
-    file_low = _typed(_bound(live, "min_values", name), data_type)
-    file_high = _typed(_bound(live, "max_values", name), data_type)
-    if file_low is not None and file_low > high:
-        return False
-    return not (file_high is not None and file_high < low)
+def _interval(live: LiveFile, name: str, data_type: DataType) -> tuple[Any, Any]:
+    """``live``'s [min, max] of ``name`` as key_intervals compares them (dates as days since 1970-01-01);
+    a missing or unreadable bound is None (unbounded). Truncated string bounds still bound: a prefix is
+    below every value it starts, and Delta's truncated maximum is above."""
+    low = _typed(_bound(live, "min_values", name), data_type)
+    high = _typed(_bound(live, "max_values", name), data_type)
+    if low is not None and high is not None and low > high:
+        return None, None  # inconsistent statistics bound nothing
+    return low, high
 
 
 def _bound(live: LiveFile, which: str, name: str) -> Any:
@@ -109,12 +117,12 @@ def _bound(live: LiveFile, which: str, name: str) -> Any:
 
 
 def _typed(value: Any, data_type: DataType) -> Any:
-    """A statistic as the source's min and max come (int, date or str), or None if it is not one."""
+    """A statistic as an int (a date as days since 1970-01-01) or str, or None if it is not one."""
     try:
         if isinstance(data_type, StringType):
             return value if isinstance(value, str) else None
         if isinstance(data_type, DateType):
-            return dt.date.fromisoformat(value) if isinstance(value, str) else None
+            return (dt.date.fromisoformat(value) - EPOCH).days if isinstance(value, str) else None
         return value if isinstance(value, int) and not isinstance(value, bool) else None
     except ValueError:
         return None

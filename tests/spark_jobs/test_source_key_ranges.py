@@ -111,9 +111,42 @@ def test_an_insert_only_merge_of_new_keys_reads_no_target_file(
     source = parquet_source(tmp_path / "s2", kv([(9, "dup"), (10, "dup"), (200, "c")]))
     with caplog.at_level(logging.INFO, logger="delta_merge"):
         metrics = merge(spark, three_files, source, INSERT)
-    assert _joinable(caplog) == (4, 4)  # the first merge added a file
+    # The first merge added a file (ids 100-101); keys 9 and 10 fall in the first two files, 200 in none.
+    assert _joinable(caplog) == (2, 4)
     assert metrics["numTargetRowsInserted"] == 1
     assert [r for r in sorted_rows(three_files) if r[1] == "dup"] == []
+
+
+@pytest.mark.spark
+def test_files_between_the_source_keys_are_skipped(
+    spark: Any, three_files: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Keys 3 and 25 span all three files' range, but none falls in the middle file (10-19).
+    source = parquet_source(tmp_path / "s", kv([(3, "new"), (25, "new"), (15_000, "far")]))
+    with caplog.at_level(logging.INFO, logger="delta_merge"):
+        metrics = merge(spark, three_files, source, UPSERT)
+    assert _joinable(caplog) == (2, 3)
+    assert (metrics["numTargetRowsUpdated"], metrics["numTargetRowsInserted"]) == (2, 1)
+    assert (metrics["numTargetFilesAfterSkipping"], metrics["numTargetFilesRemoved"]) == (3, 2)
+    rows = sorted_rows(three_files)
+    assert len(rows) == 31
+    assert {(3, "new"), (25, "new"), (15, "v15"), (15_000, "far")} <= set(rows)
+
+
+@pytest.mark.spark
+def test_date_keys_bound_the_join(spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    import datetime as dt
+
+    schema = pa.schema([("id", pa.date32()), ("v", pa.string())])
+    days = [dt.date(2024, 1, 1) + dt.timedelta(days=n) for n in range(30)]
+    target = make_target(tmp_path / "t", *[kv([(d, "old") for d in days[k : k + 10]], schema)
+                                           for k in (0, 10, 20)])  # fmt: skip
+    source = parquet_source(tmp_path / "s", kv([(days[2], "new"), (days[27], "new")], schema))
+    with caplog.at_level(logging.INFO, logger="delta_merge"):
+        metrics = merge(spark, target, source, UPSERT)
+    assert _joinable(caplog) == (2, 3)
+    assert metrics["numTargetRowsUpdated"] == 2
+    assert [r for r in sorted_rows(target) if r[1] == "new"] == [(days[2], "new"), (days[27], "new")]
 
 
 @pytest.mark.spark
