@@ -48,7 +48,7 @@ def read_rows_with_kernel(path: str | Path, *, columns: list[str] | None = None)
     with duckdb.connect() as connection:
         connection.execute(f"LOAD '{extension}'")
         relation = connection.sql(f"SELECT * FROM delta_scan('{Path(path).resolve()}')")
-        table = relation.fetch_arrow_table()
+        table = relation.to_arrow_table()
     names = columns or table.column_names
     data = table.select(names).to_pylist()
     return [[row[n] for n in names] for row in data]
