@@ -9,7 +9,7 @@ The cases and their names follow ``MergeTestCases`` of Delta's own merge benchma
 instead of TPC-DS ``web_returns``, so that "a fraction of the files" is exactly known.
 
 This module is the command line; the cases, data, engines and report live in the ``merge_bench`` package
-next to it. the cases, data, engines and report live in the ``merge_bench`` package next to it.
+next to it.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from merge_bench.engines import (
     job_spec,
     naive_engine,
     run_one,
+    spark_floor_engine,
     start_spark,
 )
 from merge_bench.report import check_targets, machine_info, plot, print_report, summarize, write_outputs
@@ -74,9 +75,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         nargs="+",
         default=None,
         choices=ALL_ENGINES,
-        help="engines, run in this order (default: job delta-rs naive arrow-floor; with "
-        "--deletion-vectors, job job-cow delta-rs arrow-floor); arrow-floor is a reference line, not a "
-        "merge: it reads and rewrites the touched files with pyarrow, and its results are not checked",
+        help="engines, run in this order (default: job delta-rs naive arrow-floor spark-floor; with "
+        "--deletion-vectors, job job-cow delta-rs arrow-floor); arrow-floor and spark-floor are reference "
+        "lines, not merges: they read and rewrite the touched files with pyarrow, or with two bare Spark "
+        "queries, and their results are not checked",
     )
     parser.add_argument(
         "--deletion-vectors",
@@ -166,6 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "delta-rs": lambda: delta_rs_engine,
         "naive": lambda: naive_engine(spark),
         "arrow-floor": lambda: arrow_floor_engine(layout, pristine_dir(work, deletion_vectors=dv)),
+        "spark-floor": lambda: spark_floor_engine(spark, layout, pristine_dir(work, deletion_vectors=dv)),
     }
     engines = {name: makers[name]() for name in args.engines}
     # The 5%-of-files upsert goes through every stage (join, rewrite, append, commit) once per engine.

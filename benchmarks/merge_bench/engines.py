@@ -1,5 +1,5 @@
 """The merge benchmark's engines (this job, its copy-on-write, delta-rs, a naive Spark rewrite, and the
-Arrow read+write floor as a reference) and one timed, checked run of an engine on a case."""
+Arrow and Spark floors as references) and one timed, checked run of an engine on a case."""
 
 from __future__ import annotations
 
@@ -40,10 +40,11 @@ __all__ = [
     "job_spec",
     "naive_engine",
     "run_one",
+    "spark_floor_engine",
     "start_spark",
 ]
 
-ENGINES = ("job", "delta-rs", "naive", "arrow-floor")
+ENGINES = ("job", "delta-rs", "naive", "arrow-floor", "spark-floor")
 # --deletion-vectors: the job merging on read (its default on such a table), the same job copying on write
 # (Delta's spark.databricks.delta.merge.deletionVectors.persistent=false for its runs), delta-rs, and the
 # arrow-floor reference as without the option.
@@ -52,7 +53,7 @@ ALL_ENGINES = (*ENGINES, "job-cow")
 JOB_ENGINES = ("job", "job-cow")
 # Reference lines, not merges: timed and charted, but their results are not checked (they merge nothing,
 # so rows_after and the row counts mean nothing) and no target uses them.
-REFERENCE_ENGINES = ("arrow-floor",)
+REFERENCE_ENGINES = ("arrow-floor", "spark-floor")
 
 
 @dataclass(frozen=True)
@@ -209,6 +210,37 @@ def arrow_floor_engine(layout: Layout, pristine: Path) -> Engine:
             rows = sum(pool.map(copy, paths))
         raw = {"files_read": len(paths), "rows_written": rows, "output": str(output)}
         return Outcome(len(paths), len(paths), rows, 0, 0, 0, raw)
+
+    return run
+
+
+def spark_floor_engine(spark: SparkSession, layout: Layout, pristine: Path) -> Engine:
+    """The Spark floor of a case, a reference line and not a merge: the two queries a two-pass merge
+    (Delta's) runs at least, each as bare as Spark runs it, on exactly the files holding the case's matched
+    keys. First the source's ids joined (broadcast) with those files' ids, one count per file collected;
+    then those files read whole, full outer joined with the source and written by Spark's Parquet writer.
+    An insert-only case (no file holds a matched key): the source read and written. No key skipping, no
+    materialization, no clause logic, no statistics, no commit: what Spark's fixed and per-row costs are
+    at least on this machine. See ``REFERENCE_ENGINES``."""
+    from pyspark.sql import functions as F
+
+    names = _file_names(layout, pristine)
+
+    def run(case: MergeCase, source: SourceInfo, target: Path, scratch: Path) -> Outcome:
+        touched = layout.matched_files(case.file_matched_fraction) if source.matched_rows else []
+        paths = [str(target / names[index]) for index in touched]
+        output = str(scratch / "spark-floor-output")
+        source_rows = spark.read.parquet(source.path)
+        if not paths:
+            source_rows.write.parquet(output)
+            return Outcome(0, 0, 0, 0, 0, 0, {"queries": 1, "output": output})
+        ids = spark.read.parquet(*paths).select("id", F.col("_metadata.file_path").alias("file"))
+        ids.join(F.broadcast(source_rows.select("id")), "id").groupBy("file").count().collect()
+        joined = spark.read.parquet(*paths).alias("t").join(source_rows.alias("s"), "id", "full_outer")
+        joined.select(
+            "id", *(F.coalesce(F.col(f"s.{c}"), F.col(f"t.{c}")).alias(c) for c in COLUMNS if c != "id")
+        ).write.parquet(output)
+        return Outcome(len(paths), 0, 0, 0, 0, 0, {"queries": 2, "files_read": len(paths), "output": output})
 
     return run
 

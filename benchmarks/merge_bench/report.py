@@ -195,6 +195,7 @@ _CHART_STYLE = {
     "delta-rs": ("tab:orange", "^", "-"),
     "naive": ("tab:red", "D", "-"),
     "arrow-floor": ("0.4", "x", "--"),
+    "spark-floor": ("0.6", "+", ":"),
 }
 
 
@@ -205,6 +206,7 @@ def _chart_label(engine: str, *, deletion_vectors: bool) -> str:
         "delta-rs": "delta-rs (copy-on-write)",
         "naive": "naive (Spark's full rewrite)",
         "arrow-floor": "Arrow read+write floor (the touched files)",
+        "spark-floor": "Spark floor (two bare queries on the touched files)",
     }
     return labels.get(engine, engine)
 
