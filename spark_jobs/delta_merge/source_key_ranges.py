@@ -89,7 +89,10 @@ def joinable_files(
         return list(files)
     intervals = [[_interval(f, name, data_type) for f in files] for name, data_type, _ in keys]
     endpoints = [sorted({v for interval in key for v in interval if v is not None}) for key in intervals]
-    key_columns = source.select(*[F.col(_quoted(column)) for _, _, column in keys])
+    # Dot-free names: pyspark's mapInArrow looks its input columns up by bare name, reading `a.b` as a field.
+    key_columns = source.select(*[
+        F.col(_quoted(column)).alias(f"key{index}") for index, (_, _, column) in enumerate(keys)
+    ])  # fmt: skip
     rows = key_columns.mapInArrow(functools.partial(mark_pieces, endpoints), MARKS_SCHEMA).collect()
     marks = merge_marks([(row["key"], row["pieces"]) for row in rows], endpoints)
     if not all(m.any() for m in marks):

@@ -190,3 +190,19 @@ def test_string_keys_bound_the_join(
         merge(spark, target, parquet_source(tmp_path / "s2", kv([("a'b", "Q"), ("b", "B")], schema)), UPSERT)
     assert _joinable(caplog) == (1, 2)  # between "a" and "b": the first file only
     assert sorted_rows(target) == [("a", "1"), ("a'b", "Q"), ("b", "B"), ("m", "3"), ("n", "N")]
+
+
+@pytest.mark.spark
+def test_a_key_column_with_a_dot_in_its_name(
+    spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    schema = pa.schema([("a.b", pa.int64()), ("v", pa.string())])
+    target = make_target(tmp_path / "t", *[kv([(i, "old") for i in range(k, k + 10)], schema)
+                                           for k in (0, 10)])  # fmt: skip
+    source = parquet_source(tmp_path / "s", kv([(12, "new")], schema))
+    statement = UPSERT.replace("t.id = s.id", "t.`a.b` = s.`a.b`")
+    with caplog.at_level(logging.INFO, logger="delta_merge"):
+        metrics = merge(spark, target, source, statement)
+    assert _joinable(caplog) == (1, 2)
+    assert metrics["numTargetRowsUpdated"] == 1
+    assert (12, "new") in sorted_rows(target)
