@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Iterator
@@ -45,6 +46,9 @@ def spark() -> Iterator[SparkSession]:
     session.sparkContext.setLogLevel("WARN")
     yield session
     session.stop()
+    # py4j closes its last connections at interpreter exit, logging at INFO through handlers whose streams
+    # pytest has closed by then ("--- Logging error ---"): nothing of it is worth a line.
+    logging.getLogger("py4j").setLevel(logging.WARNING)
 
 
 @pytest.fixture(scope="session")
