@@ -6,7 +6,7 @@ p_{n-1}), piece 2i+1 is p_i itself. Each task sorts its batch's keys (Arrow), fi
 them (numpy's searchsorted) and marks the pieces holding at least one key, one bit per piece. The driver
 ORs the tasks' bits; a file may hold a key of the source only where a marked piece lies within its
 [min, max]. Unlike one [min, max] of the whole source, this skips the files between the source's keys:
-an upsert whose keys cluster in 2 of 40 key-ordered files joins 2 files, not the 40 its range spans.
+an upsert whose keys cluster in 2 of 40 key-ordered files joins those 2, not the 30 its range spans.
 
 Written by hand: no library here answers "which of these intervals hold a value of this column" in a
 Spark task.
