@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
@@ -57,8 +58,6 @@ def test_string_and_date_keys() -> None:
     assert held(files, ["a'b", "z"], arrow_type=pa.string()) == [True, False]
     assert held(files, ["n"], arrow_type=pa.large_string()) == [False, True]
     # Dates compare as days since 1970-01-01, as the statistics are given.
-    import datetime as dt
-
     day = dt.date(2024, 1, 10)
     days = (day - dt.date(1970, 1, 1)).days
     assert held([(days - 5, days - 1), (days, days + 5)], [day], arrow_type=pa.date32()) == [False, True]

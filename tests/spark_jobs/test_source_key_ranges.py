@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import re
 from collections.abc import Iterator
@@ -135,8 +136,6 @@ def test_files_between_the_source_keys_are_skipped(
 
 @pytest.mark.spark
 def test_date_keys_bound_the_join(spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    import datetime as dt
-
     schema = pa.schema([("id", pa.date32()), ("v", pa.string())])
     days = [dt.date(2024, 1, 1) + dt.timedelta(days=n) for n in range(30)]
     target = make_target(tmp_path / "t", *[kv([(d, "old") for d in days[k : k + 10]], schema)
