@@ -55,8 +55,8 @@ def spark_reader(spark: Any, table: Path, deleted: dict[str, list[int]]) -> Any:
     """The job's reader, with the deleted rows given by a broadcast anti join on (file, row index)."""
     from pyspark.sql import functions as F
 
-    from spark_jobs.delta_merge.snapshot import load_snapshot
-    from spark_jobs.delta_merge.table_scan import FILE_KEY_COLUMN, file_key, scan_files
+    from spark_jobs.delta_merge.protocol.snapshot import load_snapshot
+    from spark_jobs.delta_merge.scan.table_scan import FILE_KEY_COLUMN, file_key, scan_files
 
     snapshot = load_snapshot(str(table))
     df = scan_files(spark, snapshot, snapshot.files, with_file_key=True)
@@ -75,8 +75,8 @@ def spark_reader(spark: Any, table: Path, deleted: dict[str, list[int]]) -> Any:
 
 def arrow_reader(spark: Any, table: Path, deleted: dict[str, list[int]]) -> Any:
     """pyarrow on the executors: one task per file, deleted rows masked out by index."""
-    from spark_jobs.delta_merge.snapshot import load_snapshot
-    from spark_jobs.delta_merge.write import arrow_schema
+    from spark_jobs.delta_merge.protocol.snapshot import load_snapshot
+    from spark_jobs.delta_merge.write.merge_output import arrow_schema
 
     snapshot = load_snapshot(str(table))
     schema = arrow_schema(snapshot.schema).append(pa.field("__merge_file", pa.string()))
@@ -139,7 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     build_target(table, Layout(rows=args.rows, files=args.files), seed=args.seed)
     spark = start_spark("4g")
     spark.conf.set("spark.sql.shuffle.partitions", "4")
-    from spark_jobs.delta_merge.snapshot import load_snapshot
+    from spark_jobs.delta_merge.protocol.snapshot import load_snapshot
 
     paths = [f.path for f in load_snapshot(str(table)).files]
     deleted = _deleted(paths, args.rows // args.files, args.seed)

@@ -72,7 +72,7 @@ def table_root(tmp_path: Path) -> Path:
 @pytest.fixture
 def copy_on_write(spark: SparkSession) -> Iterator[None]:
     """Merges rewrite touched files even where the table enables deletion vectors (Delta's conf off)."""
-    from spark_jobs.delta_merge.deletion_vector_updates import PERSISTENT_DELETION_VECTORS_CONF
+    from spark_jobs.delta_merge.merge.deletion_vector_updates import PERSISTENT_DELETION_VECTORS_CONF
 
     spark.conf.set(PERSISTENT_DELETION_VECTORS_CONF, "false")
     yield
@@ -82,7 +82,7 @@ def copy_on_write(spark: SparkSession) -> Iterator[None]:
 @pytest.fixture
 def copy_by_position(spark: SparkSession) -> Iterator[None]:
     """Copy-on-write merges copy the unchanged rows of touched files by position, however small they are."""
-    from spark_jobs.delta_merge.copy_by_position import COPY_BY_POSITION_CONF
+    from spark_jobs.delta_merge.merge.copy_by_position import COPY_BY_POSITION_CONF
 
     spark.conf.set(COPY_BY_POSITION_CONF, "0")
     yield

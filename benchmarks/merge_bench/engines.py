@@ -80,7 +80,7 @@ def job_engine(spark: SparkSession, *, copy_on_write: bool = False) -> Engine:
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
     from spark_jobs.delta_merge import run_merge
-    from spark_jobs.delta_merge.deletion_vector_updates import PERSISTENT_DELETION_VECTORS_CONF
+    from spark_jobs.delta_merge.merge.deletion_vector_updates import PERSISTENT_DELETION_VECTORS_CONF
 
     def run(case: MergeCase, source: SourceInfo, target: Path, scratch: Path) -> Outcome:
         if copy_on_write:

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 from spark_jobs.delta_merge.errors import DETERMINISTIC_ERRORS, MergeJobError, MergeSpecError
 from spark_jobs.delta_merge.expectations import failed_expectations
 from spark_jobs.delta_merge.metrics import DELTA_METRIC_NAMES, MergeMetrics
-from spark_jobs.delta_merge.storage_secrets import is_secret_option
+from spark_jobs.delta_merge.protocol.commit_info import MERGE_ENGINE, MERGE_OPERATION
+from spark_jobs.delta_merge.storage.storage_secrets import is_secret_option
 
 if TYPE_CHECKING:
     from spark_jobs.delta_merge.spec import MergeSpec
@@ -53,9 +54,6 @@ METRICS_PREFIX = "MERGE_METRICS_JSON="
 FAILURE_PREFIX = "MERGE failed: "
 # Every line of the job's own log (its stages, on stderr) starts with this.
 PROGRESS_PREFIX = "[delta-merge] "
-# deltalake forces commitInfo.operation to WRITE; these keys tell a merge commit apart.
-MERGE_ENGINE = "airflow-merge-provider"  # commitInfo["mergeEngine"]
-MERGE_OPERATION = "MERGE"  # commitInfo["mergeOperation"] of the data commit
 
 _FAILURE = re.compile(re.escape(FAILURE_PREFIX) + r"(?P<kind>[A-Za-z_][A-Za-z0-9_]*): ?(?P<message>.*)$")
 # Py4J's first line for a Java exception; the Java exception's own "<class>: <message>" follows it.
@@ -133,7 +131,7 @@ def find_app_transaction_commit(
 
     :raises MergeJobError: the table cannot be read.
     """
-    from spark_jobs.delta_merge.delta_log import find_app_transaction_commit as find
+    from spark_jobs.delta_merge.protocol.delta_log import find_app_transaction_commit as find
 
     return find(uri, app_id, app_version, storage_options=storage_options)
 
@@ -143,7 +141,7 @@ def read_commit_actions(
 ) -> list[dict[str, Any]] | None:
     """The actions of one commit file of the table, or None when it does not exist (imports obstore when
     called): the job's own log reader, so both sides read commits alike."""
-    from spark_jobs.delta_merge.delta_log import read_commit_actions as read
+    from spark_jobs.delta_merge.protocol.delta_log import read_commit_actions as read
 
     return read(uri, version, storage_options=storage_options)
 
@@ -156,7 +154,7 @@ def app_transaction_version(
 
     :raises MergeJobError: the table cannot be read.
     """
-    from spark_jobs.delta_merge.delta_log import app_transaction_version as recorded
+    from spark_jobs.delta_merge.protocol.delta_log import app_transaction_version as recorded
 
     return recorded(uri, app_id, storage_options=storage_options)
 
@@ -169,7 +167,7 @@ def first_merge_commit_after(
 
     :raises MergeJobError: the table cannot be read.
     """
-    from spark_jobs.delta_merge.delta_log import first_merge_commit_after as first
+    from spark_jobs.delta_merge.protocol.delta_log import first_merge_commit_after as first
 
     return first(uri, after_version, storage_options=storage_options)
 

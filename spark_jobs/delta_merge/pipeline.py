@@ -11,15 +11,16 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
-from spark_jobs.delta_merge.analysis import resolve_merge
-from spark_jobs.delta_merge.column_mapping import map_new_fields
+from spark_jobs.delta_merge.analysis.analysis import resolve_merge
+from spark_jobs.delta_merge.analysis.spark_statement import check_with_spark_parser
 from spark_jobs.delta_merge.commit import applied_metrics, commit_merge
 from spark_jobs.delta_merge.errors import MergeExecutionError
 from spark_jobs.delta_merge.expectations import check_expectations
-from spark_jobs.delta_merge.merge_strategies import execute_merge
+from spark_jobs.delta_merge.merge.merge_strategies import execute_merge
 from spark_jobs.delta_merge.metrics import MergeMetrics
-from spark_jobs.delta_merge.snapshot import TargetSnapshot, load_snapshot
-from spark_jobs.delta_merge.source import (
+from spark_jobs.delta_merge.protocol.column_mapping import map_new_fields
+from spark_jobs.delta_merge.protocol.snapshot import TargetSnapshot, load_snapshot
+from spark_jobs.delta_merge.source.materialize import (
     MATERIALIZE_MAX_ATTEMPTS,
     MaterializedSourceLostError,
     materialize_source,
@@ -27,7 +28,6 @@ from spark_jobs.delta_merge.source import (
     read_statement_source,
     storage_level_for_attempt,
 )
-from spark_jobs.delta_merge.spark_statement import check_with_spark_parser
 from spark_jobs.delta_merge.spec import MergeSpec, ParsedMerge
 from spark_jobs.delta_merge.stage_timing import measured_merge, stage
 

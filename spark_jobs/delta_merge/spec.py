@@ -13,15 +13,15 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Literal, Protocol, TypeVar
 
 from spark_jobs.delta_merge.errors import MergeSpecError
-from spark_jobs.delta_merge.expression_guard import tokenize_checked
 from spark_jobs.delta_merge.field_checks import check_choice as _check_choice
 from spark_jobs.delta_merge.field_checks import check_str as _check_str
 from spark_jobs.delta_merge.field_checks import fail as _fail
 from spark_jobs.delta_merge.field_checks import keys_of as _keys
-from spark_jobs.delta_merge.merge_rules import check_parsed_merge, parse_structural
-from spark_jobs.delta_merge.merge_sql import parse_merge_sql
 from spark_jobs.delta_merge.metrics import MergeMetrics
-from spark_jobs.delta_merge.parsed_merge import (
+from spark_jobs.delta_merge.statement.expression_guard import tokenize_checked
+from spark_jobs.delta_merge.statement.merge_rules import check_parsed_merge, parse_structural
+from spark_jobs.delta_merge.statement.merge_sql import parse_merge_sql
+from spark_jobs.delta_merge.statement.parsed_merge import (
     ActionKind,
     Assignment,
     ClauseKind,

@@ -13,8 +13,8 @@ import pyarrow.parquet as pq
 from deltalake import write_deltalake
 
 from spark_jobs.delta_merge.commit.actions import CommitPlan, plan_commit
-from spark_jobs.delta_merge.files import LiveFile, WrittenFile
-from spark_jobs.delta_merge.snapshot import TargetSnapshot
+from spark_jobs.delta_merge.protocol.files import LiveFile, WrittenFile
+from spark_jobs.delta_merge.protocol.snapshot import TargetSnapshot
 from tests.s3_server import S3Server
 
 PARAMS = {"predicate": '["(t.id = s.id)"]', "matchedPredicates": "[]", "notMatchedPredicates": "[]"}

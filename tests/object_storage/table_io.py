@@ -14,7 +14,7 @@ from deltalake import DeltaTable
 from obstore.store import ObjectStore
 
 from spark_jobs.delta_merge import run_merge
-from spark_jobs.delta_merge.log_store import write_commit
+from spark_jobs.delta_merge.storage.log_store import write_commit
 from tests.delta_reader import read_rows, read_rows_with_kernel
 from tests.spark_jobs.scenario_harness import multiset
 

@@ -16,7 +16,7 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from spark_jobs.delta_merge.errors import MergeAnalysisError, TableStorageError
-from spark_jobs.delta_merge.log_store import log_store, read_commit
+from spark_jobs.delta_merge.storage.log_store import log_store, read_commit
 from tests.azurite_server import ACCOUNT, AzuriteServer
 from tests.object_storage.table_io import kv, merge, table_rows
 from tests.object_storage.test_azure_storage import WRONG_KEY

@@ -14,12 +14,13 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from spark_jobs.delta_merge.arrow_store import arrow_file_path, arrow_filesystem
-from spark_jobs.delta_merge.azure_options import azure_filesystem_arguments
-from spark_jobs.delta_merge.deletion_vectors import deleted_rows, write_deletion_vectors
-from spark_jobs.delta_merge.delta_log import read_commit_actions
 from spark_jobs.delta_merge.errors import MergeSpecError, TableStorageError
-from spark_jobs.delta_merge.log_store import (
+from spark_jobs.delta_merge.protocol.deletion_vectors import deleted_rows, write_deletion_vectors
+from spark_jobs.delta_merge.protocol.delta_log import read_commit_actions
+from spark_jobs.delta_merge.protocol.snapshot import load_snapshot
+from spark_jobs.delta_merge.storage.arrow_store import arrow_file_path, arrow_filesystem
+from spark_jobs.delta_merge.storage.azure_options import azure_filesystem_arguments
+from spark_jobs.delta_merge.storage.log_store import (
     commit_path,
     log_store,
     read_commit,
@@ -27,7 +28,6 @@ from spark_jobs.delta_merge.log_store import (
     storage_errors,
     write_commit,
 )
-from spark_jobs.delta_merge.snapshot import load_snapshot
 from tests.azurite_server import ACCOUNT, ACCOUNT_KEY, AzuriteServer
 from tests.object_storage.table_io import race_for_commits
 

@@ -18,8 +18,9 @@ from deltalake import write_deltalake
 from airflow_merge_provider.errors import MergeProviderError, TargetTableNotFoundError
 from airflow_merge_provider.hooks.merge_commit import find_merge_commit
 from spark_jobs.delta_merge.commit.actions import attempt_commit
-from spark_jobs.delta_merge.deletion_vectors import deleted_rows, write_deletion_vectors
-from spark_jobs.delta_merge.delta_log import (
+from spark_jobs.delta_merge.errors import MergeAnalysisError, MergeJobError, TableStorageError
+from spark_jobs.delta_merge.protocol.deletion_vectors import deleted_rows, write_deletion_vectors
+from spark_jobs.delta_merge.protocol.delta_log import (
     app_transaction_version,
     find_app_transaction_commit,
     first_merge_commit_after,
@@ -27,9 +28,8 @@ from spark_jobs.delta_merge.delta_log import (
     read_commit_actions,
     table_version,
 )
-from spark_jobs.delta_merge.errors import MergeAnalysisError, MergeJobError, TableStorageError
-from spark_jobs.delta_merge.log_store import log_store, storage_failure
-from spark_jobs.delta_merge.snapshot import load_snapshot
+from spark_jobs.delta_merge.protocol.snapshot import load_snapshot
+from spark_jobs.delta_merge.storage.log_store import log_store, storage_failure
 from tests.object_storage.s3_tables import create_table, plan, upload_directory, write_file
 from tests.s3_server import S3Server
 from tests.spark_jobs.deletion_vector_fixture import add_deletion_vectors

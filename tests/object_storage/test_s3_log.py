@@ -16,8 +16,9 @@ from airflow_merge_provider.hooks.merge_commit import find_merge_commit
 from spark_jobs.delta_merge.commit.actions import attempt_commit
 from spark_jobs.delta_merge.commit.conflicts import ReadSet
 from spark_jobs.delta_merge.commit.serializable import commit_serializably
-from spark_jobs.delta_merge.deletion_vectors import deleted_rows, write_deletion_vectors
-from spark_jobs.delta_merge.delta_log import (
+from spark_jobs.delta_merge.errors import ConcurrentModificationError, MergeExecutionError, TableStorageError
+from spark_jobs.delta_merge.protocol.deletion_vectors import deleted_rows, write_deletion_vectors
+from spark_jobs.delta_merge.protocol.delta_log import (
     app_transaction_version,
     find_app_transaction_commit,
     first_merge_commit_after,
@@ -25,16 +26,15 @@ from spark_jobs.delta_merge.delta_log import (
     read_commit_actions,
     table_version,
 )
-from spark_jobs.delta_merge.errors import ConcurrentModificationError, MergeExecutionError, TableStorageError
-from spark_jobs.delta_merge.identity_columns import (
+from spark_jobs.delta_merge.protocol.identity_columns import (
     ALLOW_EXPLICIT_INSERT,
     HIGH_WATER_MARK,
     START,
     STEP,
     with_moved_high_water_marks,
 )
-from spark_jobs.delta_merge.log_store import log_store, write_commit
-from spark_jobs.delta_merge.snapshot import load_snapshot
+from spark_jobs.delta_merge.protocol.snapshot import load_snapshot
+from spark_jobs.delta_merge.storage.log_store import log_store, write_commit
 from tests.delta_reader import read_rows
 from tests.object_storage.s3_tables import create_table, log_names, plan, upload_directory, write_file
 from tests.object_storage.table_io import race_for_commits

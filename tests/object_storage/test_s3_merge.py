@@ -20,12 +20,12 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from spark_jobs.delta_merge import run_merge
-from spark_jobs.delta_merge.arrow_scan import is_object_store
 from spark_jobs.delta_merge.errors import MergeAnalysisError, MergeJobError
-from spark_jobs.delta_merge.files import LiveFile
-from spark_jobs.delta_merge.row_tracking import row_tracking
-from spark_jobs.delta_merge.snapshot import load_snapshot
-from spark_jobs.delta_merge.table_scan import FILE_KEY_COLUMN, file_key, scan_files
+from spark_jobs.delta_merge.protocol.files import LiveFile
+from spark_jobs.delta_merge.protocol.row_tracking import row_tracking
+from spark_jobs.delta_merge.protocol.snapshot import load_snapshot
+from spark_jobs.delta_merge.scan.arrow_scan import is_object_store
+from spark_jobs.delta_merge.scan.table_scan import FILE_KEY_COLUMN, file_key, scan_files
 from tests.object_storage.s3_tables import upload_directory
 from tests.object_storage.table_io import UPSERT, kv, merge
 from tests.object_storage.table_io import download as shared_download
@@ -364,7 +364,7 @@ def test_spark_reading_an_object_store_path_in_a_query_is_refused_naming_the_con
 def test_a_hive_partitioned_parquet_source_on_s3_reads_as_sparks_reader_reads_it(
     spark: Any, s3_server: S3Server, bucket: str, tmp_path: Path
 ) -> None:
-    from spark_jobs.delta_merge.object_store_source import read_object_store_parquet
+    from spark_jobs.delta_merge.source.object_store import read_object_store_parquet
     from spark_jobs.delta_merge.spec import SourceSpec
 
     fs = s3_server.arrow_fs()

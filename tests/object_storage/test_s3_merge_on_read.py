@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from deltalake import write_deltalake
 
-from spark_jobs.delta_merge.deletion_vectors import DeletionVector, deleted_rows
-from spark_jobs.delta_merge.log_store import log_store
+from spark_jobs.delta_merge.protocol.deletion_vectors import DeletionVector, deleted_rows
+from spark_jobs.delta_merge.storage.log_store import log_store
 from tests.object_storage.table_io import kv, merge
 from tests.object_storage.test_s3_merge import commit, parquet_source, table_rows
 from tests.s3_server import S3Server

@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import write_deltalake
 
-from spark_jobs.delta_merge.delta_log import read_commit_actions
+from spark_jobs.delta_merge.protocol.delta_log import read_commit_actions
 from tests.object_storage.s3_tables import log_names
 from tests.object_storage.table_io import table_rows
 from tests.s3_server import S3Server

@@ -23,7 +23,7 @@ from airflow_merge_provider.errors import MergeArgumentError, MergeProviderError
 from airflow_merge_provider.sensors.merge_commit import MergeCommitSensor
 from airflow_merge_provider.triggers.merge_commit import MergeCommitTrigger
 from spark_jobs.delta_merge.commit.actions import attempt_commit
-from spark_jobs.delta_merge.snapshot import load_snapshot
+from spark_jobs.delta_merge.protocol.snapshot import load_snapshot
 from tests.object_storage.s3_tables import create_table, plan, write_file
 from tests.s3_server import REGION, S3Key, S3Server
 

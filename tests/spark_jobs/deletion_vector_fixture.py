@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from spark_jobs.delta_merge.deletion_vectors import inline_deletion_vector, write_deletion_vectors
+from spark_jobs.delta_merge.protocol.deletion_vectors import inline_deletion_vector, write_deletion_vectors
 from tests.spark_jobs.table_feature_fixtures import listed_features, replay
 
 

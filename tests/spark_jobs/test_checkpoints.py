@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from deltalake import write_deltalake
 
-from spark_jobs.delta_merge.snapshot import load_snapshot
+from spark_jobs.delta_merge.protocol.snapshot import load_snapshot
 from tests.delta_reader import read_rows
 from tests.spark_jobs.table_feature_fixtures import replay
 from tests.spark_jobs.test_commit_protocol import _check_actions

@@ -13,8 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import write_deltalake
 
-from spark_jobs.delta_merge.delta_log import read_commit_info
 from spark_jobs.delta_merge.metrics import DELTA_METRIC_NAMES, MergeMetrics
+from spark_jobs.delta_merge.protocol.delta_log import read_commit_info
 from tests.delta_reader import read_rows, table_version
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from spark_jobs.delta_merge.column_defaults import is_default_keyword
+from spark_jobs.delta_merge.analysis.column_defaults import is_default_keyword
 from spark_jobs.delta_merge.errors import MergeJobError
 from tests.delta_reader import read_rows, read_rows_with_kernel, table_version
 from tests.spark_jobs.scenario_harness import multiset

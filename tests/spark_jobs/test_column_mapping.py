@@ -22,16 +22,16 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 from pyspark.sql.types import ArrayType, DataType, LongType, MapType, StringType, StructField, StructType
 
-from spark_jobs.delta_merge.column_mapping import (
+from spark_jobs.delta_merge.commit.conflicts import added_file
+from spark_jobs.delta_merge.protocol.column_mapping import (
     map_new_fields,
     max_column_id_update,
     physical_arrow_schema,
     physical_read_schema,
 )
-from spark_jobs.delta_merge.commit.conflicts import added_file
-from spark_jobs.delta_merge.data_skipping import prune_files
-from spark_jobs.delta_merge.files import LiveFile
-from spark_jobs.delta_merge.snapshot import load_snapshot
+from spark_jobs.delta_merge.protocol.files import LiveFile
+from spark_jobs.delta_merge.protocol.snapshot import load_snapshot
+from spark_jobs.delta_merge.scan.data_skipping import prune_files
 from tests.delta_reader import read_rows, read_rows_with_kernel, table_version
 from tests.spark_jobs.test_pipeline import (
     check_commit,

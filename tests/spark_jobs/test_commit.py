@@ -21,15 +21,15 @@ from spark_jobs.delta_merge.commit.actions import (
     attempt_commit,
     plan_commit,
 )
-from spark_jobs.delta_merge.delta_log import find_app_transaction_commit, read_commit_info
 from spark_jobs.delta_merge.errors import (
     ConcurrentModificationError,
     MergeAnalysisError,
     MergeExecutionError,
     MergeSpecError,
 )
-from spark_jobs.delta_merge.files import LiveFile, WrittenFile
-from spark_jobs.delta_merge.snapshot import TargetSnapshot, load_snapshot
+from spark_jobs.delta_merge.protocol.delta_log import find_app_transaction_commit, read_commit_info
+from spark_jobs.delta_merge.protocol.files import LiveFile, WrittenFile
+from spark_jobs.delta_merge.protocol.snapshot import TargetSnapshot, load_snapshot
 
 PARAMS = {
     "predicate": '["(t.id = s.id)"]',
@@ -263,8 +263,8 @@ def test_process_exits_cleanly_after_snapshot_and_commit(tmp_path: Path) -> None
     _table(tmp_path)
     script = textwrap.dedent(f"""
         from spark_jobs.delta_merge.commit.actions import attempt_commit, plan_commit
-        from spark_jobs.delta_merge.delta_log import read_commit_info
-        from spark_jobs.delta_merge.snapshot import load_snapshot
+        from spark_jobs.delta_merge.protocol.delta_log import read_commit_info
+        from spark_jobs.delta_merge.protocol.snapshot import load_snapshot
         s = load_snapshot({str(tmp_path)!r})
         plan = plan_commit(s, removes=[s.files[0]], adds=[], new_schema=None, operation_parameters={{}},
                            operation_metrics={{}}, app_transaction=("x", 1), commit_metadata={{}})

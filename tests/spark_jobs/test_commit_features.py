@@ -18,8 +18,8 @@ import pytest
 
 from spark_jobs.delta_merge.commit.actions import commit_actions, plan_commit
 from spark_jobs.delta_merge.errors import UnsupportedTableFeatureError
-from spark_jobs.delta_merge.files import WrittenFile
-from spark_jobs.delta_merge.snapshot import load_snapshot
+from spark_jobs.delta_merge.protocol.files import WrittenFile
+from spark_jobs.delta_merge.protocol.snapshot import load_snapshot
 from tests.spark_jobs.table_feature_fixtures import enable_features, replay
 from tests.spark_jobs.test_commit_protocol import _check_actions
 from tests.spark_jobs.test_pipeline import kv, log_actions, make_target, merge, sorted_rows

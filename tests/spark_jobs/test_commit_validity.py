@@ -17,9 +17,9 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 from spark_jobs.delta_merge import run_merge
 from spark_jobs.delta_merge.commit.actions import plan_commit
 from spark_jobs.delta_merge.errors import MergeExecutionError
-from spark_jobs.delta_merge.files import LiveFile, WrittenFile
-from spark_jobs.delta_merge.snapshot import TargetSnapshot, load_snapshot
-from spark_jobs.delta_merge.write import WriteOutcome, write_merge_output
+from spark_jobs.delta_merge.protocol.files import LiveFile, WrittenFile
+from spark_jobs.delta_merge.protocol.snapshot import TargetSnapshot, load_snapshot
+from spark_jobs.delta_merge.write.merge_output import WriteOutcome, write_merge_output
 from tests.delta_reader import read_rows, table_version
 
 KV = pa.schema([("id", pa.int64()), ("v", pa.string())])
@@ -178,7 +178,7 @@ def test_merge_with_tampered_files_is_refused(
         files = (tamper(outcome.files[0], target), *outcome.files[1:])
         return dataclasses.replace(outcome, files=files)
 
-    monkeypatch.setattr("spark_jobs.delta_merge.merge_strategies.write_merge_output", tampered)
+    monkeypatch.setattr("spark_jobs.delta_merge.merge.merge_strategies.write_merge_output", tampered)
     sql = "MERGE INTO t USING s ON t.id = s.id WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *"
     spec = {"target": {"uri": str(target)}, "source": {"uri": str(source)}, "merge_sql": sql}
 

@@ -27,8 +27,8 @@ from deltalake.schema import Field, PrimitiveType
 
 from spark_jobs.delta_merge import commit as commit_stage
 from spark_jobs.delta_merge import run_merge
-from spark_jobs.delta_merge.delta_log import read_commit_info
 from spark_jobs.delta_merge.errors import ConcurrentModificationError
+from spark_jobs.delta_merge.protocol.delta_log import read_commit_info
 from tests.delta_reader import read_rows, table_version
 from tests.spark_jobs.submit_harness import PYTHON, Submitted, kill_all, submit_env
 

@@ -9,7 +9,7 @@ import pytest
 
 from spark_jobs.delta_merge.commit.conflicts import AlreadyApplied, ReadSet, check_winning_commit
 from spark_jobs.delta_merge.errors import ConcurrentModificationError
-from spark_jobs.delta_merge.files import LiveFile
+from spark_jobs.delta_merge.protocol.files import LiveFile
 
 READ = ReadSet(
     whole_table=False,

@@ -217,10 +217,10 @@ def test_the_import_scan_sees_every_form(tmp_path: Path) -> None:
         "from spark_jobs.delta_merge import contract, pipeline\n"
         "def f():\n"
         "    from spark_jobs.delta_merge.commit import MERGE_ENGINE\n"
-        "    importlib.import_module('spark_jobs.delta_merge.snapshot')\n",
+        "    importlib.import_module('spark_jobs.delta_merge.protocol.snapshot')\n",
         encoding="utf-8",
     )
     assert sorted(m for _, m in _spark_jobs_imports(probe)) == [
         "spark_jobs.delta_merge.commit", "spark_jobs.delta_merge.contract", "spark_jobs.delta_merge.pipeline",
-        "spark_jobs.delta_merge.snapshot", "spark_jobs.delta_merge.spec",
+        "spark_jobs.delta_merge.protocol.snapshot", "spark_jobs.delta_merge.spec",
     ]

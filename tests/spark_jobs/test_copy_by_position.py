@@ -19,8 +19,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from spark_jobs.delta_merge.copy_by_position import COPY_BY_POSITION_CONF
 from spark_jobs.delta_merge.errors import MergeSpecError
+from spark_jobs.delta_merge.merge.copy_by_position import COPY_BY_POSITION_CONF
 from tests.delta_reader import table_version
 from tests.spark_jobs.deletion_vector_fixture import add_deletion_vectors
 from tests.spark_jobs.test_column_mapping import mapped_table

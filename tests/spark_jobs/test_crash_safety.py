@@ -15,7 +15,7 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from spark_jobs.delta_merge import run_merge
-from spark_jobs.delta_merge.copy_by_position import COPY_BY_POSITION_CONF
+from spark_jobs.delta_merge.merge.copy_by_position import COPY_BY_POSITION_CONF
 from tests.delta_reader import read_rows, table_version
 from tests.spark_jobs.submit_harness import Submitted, progress_line
 

@@ -20,7 +20,8 @@ import pytest
 from deltalake import write_deltalake
 from pyroaring import BitMap, BitMap64
 
-from spark_jobs.delta_merge.deletion_vectors import (
+from spark_jobs.delta_merge.errors import MergeExecutionError, TableStorageError
+from spark_jobs.delta_merge.protocol.deletion_vectors import (
     INLINE_LIMIT,
     DeletionVector,
     deleted_rows,
@@ -31,9 +32,8 @@ from spark_jobs.delta_merge.deletion_vectors import (
     z85_decode,
     z85_encode,
 )
-from spark_jobs.delta_merge.errors import MergeExecutionError, TableStorageError
-from spark_jobs.delta_merge.log_store import log_store
-from spark_jobs.delta_merge.snapshot import load_snapshot
+from spark_jobs.delta_merge.protocol.snapshot import load_snapshot
+from spark_jobs.delta_merge.storage.log_store import log_store
 from tests.delta_reader import read_rows, read_rows_with_kernel
 from tests.spark_jobs.deletion_vector_fixture import add_deletion_vectors
 

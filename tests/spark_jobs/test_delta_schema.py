@@ -32,13 +32,13 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from spark_jobs.delta_merge.delta_schema import (
+from spark_jobs.delta_merge.errors import MergeAnalysisError
+from spark_jobs.delta_merge.protocol.delta_schema import (
     delta_schema_json,
     deltalake_schema,
     normalized_schema_json,
     spark_schema_from_delta,
 )
-from spark_jobs.delta_merge.errors import MergeAnalysisError
 
 PRIMITIVES: dict[str, DataType] = {
     "byte": ByteType(),

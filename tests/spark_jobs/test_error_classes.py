@@ -26,12 +26,12 @@ from spark_jobs.delta_merge.commit import serializable
 from spark_jobs.delta_merge.commit.actions import attempt_commit, plan_commit
 from spark_jobs.delta_merge.commit.conflicts import ReadSet, check_winning_commit
 from spark_jobs.delta_merge.commit.serializable import commit_serializably
-from spark_jobs.delta_merge.delta_schema import spark_schema_from_delta
 from spark_jobs.delta_merge.errors import MergeJobError
-from spark_jobs.delta_merge.files import WrittenFile
-from spark_jobs.delta_merge.snapshot import TableProtocol, TargetSnapshot, load_snapshot
+from spark_jobs.delta_merge.protocol.delta_schema import spark_schema_from_delta
+from spark_jobs.delta_merge.protocol.files import WrittenFile
+from spark_jobs.delta_merge.protocol.snapshot import TableProtocol, TargetSnapshot, load_snapshot
+from spark_jobs.delta_merge.protocol.table_features import check_writable, table_constraints
 from spark_jobs.delta_merge.spec import MergeSpec
-from spark_jobs.delta_merge.table_features import check_writable, table_constraints
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB_SOURCE = ROOT / "spark_jobs"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from spark_jobs.delta_merge.errors import MergeSpecError
-from spark_jobs.delta_merge.expression_guard import (
+from spark_jobs.delta_merge.statement.expression_guard import (
     AGGREGATE_FUNCTIONS,
     SPARK_BUILTIN_FUNCTIONS,
     check_expression,

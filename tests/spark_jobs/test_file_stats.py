@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spark_jobs.delta_merge.file_stats import (
+from spark_jobs.delta_merge.protocol.file_stats import (
     FileStatsCollector,
     indexed_leaves,
     split_column_name,

@@ -19,9 +19,9 @@ import pytest
 from deltalake import write_deltalake
 
 from spark_jobs.delta_merge import commit as commit_stage
-from spark_jobs.delta_merge.delta_schema import normalized_schema_json
 from spark_jobs.delta_merge.errors import CastFailureError, ConcurrentModificationError, MergeAnalysisError
-from spark_jobs.delta_merge.identity_columns import IdentityColumn, moved_high_water_mark
+from spark_jobs.delta_merge.protocol.delta_schema import normalized_schema_json
+from spark_jobs.delta_merge.protocol.identity_columns import IdentityColumn, moved_high_water_mark
 from tests.delta_reader import read_rows, read_rows_with_kernel, table_version
 from tests.spark_jobs.identity_fixture import commit_high_water_mark, identity_metadata, make_identity_column
 from tests.spark_jobs.test_change_data_feed import changes

@@ -8,7 +8,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from spark_jobs.delta_merge.key_intervals import intervals_marked, mark_pieces, merge_marks
+from spark_jobs.delta_merge.merge.key_intervals import intervals_marked, mark_pieces, merge_marks
 
 
 def held(

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from spark_jobs.delta_merge.deletion_vectors import DeletionVector, deleted_rows
-from spark_jobs.delta_merge.log_store import log_store
+from spark_jobs.delta_merge.protocol.deletion_vectors import DeletionVector, deleted_rows
+from spark_jobs.delta_merge.storage.log_store import log_store
 from tests.delta_reader import read_rows, read_rows_with_kernel
 from tests.spark_jobs.test_pipeline import kv, live_files, log_actions, merge, parquet_source
 

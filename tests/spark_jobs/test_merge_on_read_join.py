@@ -16,10 +16,10 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 from pyspark.sql import functions as F
 
-from spark_jobs.delta_merge.column_mapping import mapping_mode
 from spark_jobs.delta_merge.errors import MultipleSourceRowMatchesError
-from spark_jobs.delta_merge.snapshot import TableProtocol, load_snapshot
-from spark_jobs.delta_merge.source import SOURCE_ROW_ID_COLUMN, SourceRead, materialize_source
+from spark_jobs.delta_merge.protocol.column_mapping import mapping_mode
+from spark_jobs.delta_merge.protocol.snapshot import TableProtocol, load_snapshot
+from spark_jobs.delta_merge.source.materialize import SOURCE_ROW_ID_COLUMN, SourceRead, materialize_source
 from spark_jobs.delta_merge.spec import MergeOptions
 from tests.delta_reader import read_rows, read_rows_with_kernel
 from tests.spark_jobs.test_merge_on_read import ENABLED, UPSERT, dv_table, rows, vector_rows

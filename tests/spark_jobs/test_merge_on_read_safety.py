@@ -18,8 +18,8 @@ from deltalake import DeltaTable, write_deltalake
 
 from spark_jobs.delta_merge import commit as commit_stage
 from spark_jobs.delta_merge import run_merge
-from spark_jobs.delta_merge.deletion_vectors import z85_encode
 from spark_jobs.delta_merge.errors import ConcurrentModificationError
+from spark_jobs.delta_merge.protocol.deletion_vectors import z85_encode
 from tests.delta_reader import read_rows, read_rows_with_kernel, table_version
 from tests.spark_jobs.table_feature_fixtures import enable_features
 from tests.spark_jobs.test_merge_on_read import ENABLED, UPSERT, dv_table, rows, vector_rows

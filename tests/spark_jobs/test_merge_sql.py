@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from spark_jobs.delta_merge.errors import MergeSpecError
-from spark_jobs.delta_merge.merge_rules import check_parsed_merge, strip_target_alias
-from spark_jobs.delta_merge.merge_sql import parse_merge_sql
 from spark_jobs.delta_merge.spec import Assignment, MergeClause, MergeSpec, ParsedMerge, format_column_path
+from spark_jobs.delta_merge.statement.merge_rules import check_parsed_merge, strip_target_alias
+from spark_jobs.delta_merge.statement.merge_sql import parse_merge_sql
 
 HEAD = "MERGE INTO target t USING source s ON t.id = s.id "
 

@@ -12,11 +12,11 @@ import pytest
 from deltalake import DeltaTable
 
 from spark_jobs.delta_merge import run_merge
+from spark_jobs.delta_merge.analysis.spark_statement import check_with_spark_parser
 from spark_jobs.delta_merge.errors import MergeAnalysisError, MergeSpecError
-from spark_jobs.delta_merge.merge_sql import parse_merge_sql
-from spark_jobs.delta_merge.parsed_merge import Assignment, MergeClause, ParsedMerge
-from spark_jobs.delta_merge.spark_statement import check_with_spark_parser
 from spark_jobs.delta_merge.spec import MergeSpec
+from spark_jobs.delta_merge.statement.merge_sql import parse_merge_sql
+from spark_jobs.delta_merge.statement.parsed_merge import Assignment, MergeClause, ParsedMerge
 from tests.delta_reader import table_version
 from tests.spark_jobs.merge_statement_corpus import HEAD, INVALID_STATEMENTS
 from tests.spark_jobs.test_pipeline import kv, make_target, merge, parquet_source, sorted_rows

@@ -18,8 +18,8 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import write_deltalake
 
-from spark_jobs.delta_merge.deletion_vectors import DeletionVector, deleted_rows
-from spark_jobs.delta_merge.log_store import log_store
+from spark_jobs.delta_merge.protocol.deletion_vectors import DeletionVector, deleted_rows
+from spark_jobs.delta_merge.storage.log_store import log_store
 from tests.delta_reader import read_rows, read_rows_with_kernel
 from tests.spark_jobs.deletion_vector_fixture import add_deletion_vectors
 from tests.spark_jobs.identity_fixture import identity_metadata, make_identity_column

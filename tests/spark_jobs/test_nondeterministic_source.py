@@ -20,9 +20,10 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import write_deltalake
 
-from spark_jobs.delta_merge import merge_strategies, run_merge
+from spark_jobs.delta_merge import run_merge
 from spark_jobs.delta_merge.errors import MergeExecutionError
-from spark_jobs.delta_merge.source import MATERIALIZE_MAX_ATTEMPTS, storage_level_for_attempt
+from spark_jobs.delta_merge.merge import merge_strategies
+from spark_jobs.delta_merge.source.materialize import MATERIALIZE_MAX_ATTEMPTS, storage_level_for_attempt
 from tests.delta_reader import read_rows, table_version
 from tests.spark_jobs.submit_harness import Submitted, progress_line
 from tests.standalone_cluster import StandaloneCluster

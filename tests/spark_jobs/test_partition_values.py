@@ -30,7 +30,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from spark_jobs.delta_merge.partition_values import (
+from spark_jobs.delta_merge.protocol.partition_values import (
     HIVE_DEFAULT_PARTITION,
     decode_add_path,
     encode_add_path,

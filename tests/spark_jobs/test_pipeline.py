@@ -22,9 +22,9 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from spark_jobs.delta_merge import run_merge
-from spark_jobs.delta_merge.delta_log import read_commit_info
 from spark_jobs.delta_merge.errors import MergeJobError
 from spark_jobs.delta_merge.metrics import DELTA_METRIC_NAMES, MergeMetrics
+from spark_jobs.delta_merge.protocol.delta_log import read_commit_info
 from tests.delta_reader import read_rows, read_rows_with_kernel, table_version
 from tests.spark_jobs.scenario_harness import multiset
 

@@ -20,12 +20,12 @@ from deltalake import DeltaTable
 from pyspark.sql.types import StructType
 
 from spark_jobs.delta_merge.commit.actions import commit_actions, plan_commit
-from spark_jobs.delta_merge.deletion_vectors import DeletionVector, deleted_rows
-from spark_jobs.delta_merge.files import WrittenFile
-from spark_jobs.delta_merge.log_store import log_store
-from spark_jobs.delta_merge.row_tracking import RowTracking, assign_row_ids, row_tracking
-from spark_jobs.delta_merge.row_tracking import high_water_mark as high_water_mark_of
-from spark_jobs.delta_merge.snapshot import TableProtocol, TargetSnapshot, load_snapshot
+from spark_jobs.delta_merge.protocol.deletion_vectors import DeletionVector, deleted_rows
+from spark_jobs.delta_merge.protocol.files import WrittenFile
+from spark_jobs.delta_merge.protocol.row_tracking import RowTracking, assign_row_ids, row_tracking
+from spark_jobs.delta_merge.protocol.row_tracking import high_water_mark as high_water_mark_of
+from spark_jobs.delta_merge.protocol.snapshot import TableProtocol, TargetSnapshot, load_snapshot
+from spark_jobs.delta_merge.storage.log_store import log_store
 from tests.delta_reader import read_rows, read_rows_with_kernel
 from tests.spark_jobs.deletion_vector_fixture import add_deletion_vectors
 from tests.spark_jobs.table_feature_fixtures import (

@@ -15,8 +15,8 @@ import pytest
 from deltalake import DeltaTable, Schema, write_deltalake
 
 from spark_jobs.delta_merge.errors import MergeAnalysisError, MergeExecutionError
-from spark_jobs.delta_merge.files import FileStats
-from spark_jobs.delta_merge.snapshot import (
+from spark_jobs.delta_merge.protocol.files import FileStats
+from spark_jobs.delta_merge.protocol.snapshot import (
     TargetSnapshot,
     file_uri,
     load_snapshot,

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 from pyspark.sql.types import DateType, LongType, StringType, StructField, StructType
 
-from spark_jobs.delta_merge.source_key_ranges import join_keys
+from spark_jobs.delta_merge.merge.source_key_ranges import join_keys
 from tests.spark_jobs.test_pipeline import kv, live_files, make_target, merge, parquet_source, sorted_rows
 
 TARGET = StructType([
@@ -64,7 +64,7 @@ def key_ranges_on_small_tables(request: pytest.FixtureRequest) -> Iterator[None]
     if "spark" not in request.fixturenames:
         yield
         return
-    from spark_jobs.delta_merge.source_key_ranges import KEY_RANGES_CONF
+    from spark_jobs.delta_merge.merge.source_key_ranges import KEY_RANGES_CONF
 
     spark = request.getfixturevalue("spark")
     spark.conf.set(KEY_RANGES_CONF, "0")
@@ -164,7 +164,7 @@ def test_a_source_whose_keys_are_all_null_matches_nothing(
 def test_small_tables_are_joined_whole_by_default(
     spark: Any, three_files: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from spark_jobs.delta_merge.source_key_ranges import KEY_RANGES_CONF
+    from spark_jobs.delta_merge.merge.source_key_ranges import KEY_RANGES_CONF
 
     spark.conf.unset(KEY_RANGES_CONF)
     source = parquet_source(tmp_path / "s", kv([(12, "new")]))

@@ -356,7 +356,7 @@ def _analysis_outcomes(
     """What the job's analysis decides for each cell: ``store_assign`` is what it calls for an assignment."""
     from pyspark.sql import functions as F
 
-    from spark_jobs.delta_merge.store_assignment import store_assign
+    from spark_jobs.delta_merge.analysis.store_assignment import store_assign
 
     types: dict[str, Any] = {}
     outcomes: dict[int, Outcome] = {}

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from spark_jobs.delta_merge.errors import MergeSpecError
-from spark_jobs.delta_merge.expression_guard import parse_expression
-from spark_jobs.delta_merge.merge_sql import parse_merge_sql
 from spark_jobs.delta_merge.spec import MergeSpec
+from spark_jobs.delta_merge.statement.expression_guard import parse_expression
+from spark_jobs.delta_merge.statement.merge_sql import parse_merge_sql
 
 HEAD = "MERGE INTO target t USING source s ON t.id = s.id "
 SET = HEAD + "WHEN MATCHED THEN UPDATE SET v = "

@@ -12,12 +12,12 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from spark_jobs.delta_merge.deletion_vectors import DeletionVector
-from spark_jobs.delta_merge.delta_schema import spark_schema_from_delta
 from spark_jobs.delta_merge.errors import MergeAnalysisError, UnsupportedTableFeatureError
-from spark_jobs.delta_merge.files import LiveFile
-from spark_jobs.delta_merge.snapshot import TableProtocol, TargetSnapshot, load_snapshot
-from spark_jobs.delta_merge.table_features import TableConstraints, check_writable, table_constraints
+from spark_jobs.delta_merge.protocol.deletion_vectors import DeletionVector
+from spark_jobs.delta_merge.protocol.delta_schema import spark_schema_from_delta
+from spark_jobs.delta_merge.protocol.files import LiveFile
+from spark_jobs.delta_merge.protocol.snapshot import TableProtocol, TargetSnapshot, load_snapshot
+from spark_jobs.delta_merge.protocol.table_features import TableConstraints, check_writable, table_constraints
 
 
 def _field(

@@ -38,11 +38,11 @@ from pyspark.sql.types import (
 )
 
 from spark_jobs.delta_merge.errors import ConstraintViolationError
-from spark_jobs.delta_merge.file_stats import indexed_leaves
-from spark_jobs.delta_merge.files import WrittenFile
-from spark_jobs.delta_merge.partition_values import decode_add_path, serialize_partition_value
-from spark_jobs.delta_merge.write import WriteOutcome, arrow_schema, write_merge_output
-from spark_jobs.delta_merge.write_task import WriteTaskPlan, write_task
+from spark_jobs.delta_merge.protocol.file_stats import indexed_leaves
+from spark_jobs.delta_merge.protocol.files import WrittenFile
+from spark_jobs.delta_merge.protocol.partition_values import decode_add_path, serialize_partition_value
+from spark_jobs.delta_merge.write.merge_output import WriteOutcome, arrow_schema, write_merge_output
+from spark_jobs.delta_merge.write.write_task import WriteTaskPlan, write_task
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -14,22 +14,22 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from spark_jobs.delta_merge.column_mapping import max_column_id_update
 from spark_jobs.delta_merge.commit.actions import plan_commit
 from spark_jobs.delta_merge.commit.conflicts import ReadSet
 from spark_jobs.delta_merge.commit.idempotency import applied_metrics
 from spark_jobs.delta_merge.commit.serializable import commit_serializably
-from spark_jobs.delta_merge.data_skipping import prune_files
-from spark_jobs.delta_merge.identity_columns import with_moved_high_water_marks
 from spark_jobs.delta_merge.metrics import MergeMetrics
+from spark_jobs.delta_merge.protocol.column_mapping import max_column_id_update
+from spark_jobs.delta_merge.protocol.identity_columns import with_moved_high_water_marks
+from spark_jobs.delta_merge.scan.data_skipping import prune_files
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from spark_jobs.delta_merge.files import LiveFile
-    from spark_jobs.delta_merge.merge_plan import MergePlan
-    from spark_jobs.delta_merge.merge_strategies import MergeOutcome
-    from spark_jobs.delta_merge.snapshot import TargetSnapshot
+    from spark_jobs.delta_merge.analysis.merge_plan import MergePlan
+    from spark_jobs.delta_merge.merge.merge_strategies import MergeOutcome
+    from spark_jobs.delta_merge.protocol.files import LiveFile
+    from spark_jobs.delta_merge.protocol.snapshot import TargetSnapshot
     from spark_jobs.delta_merge.spec import MergeSpec
 
 __all__ = ["applied_metrics", "commit_merge"]

@@ -21,20 +21,26 @@ from deltalake.exceptions import DeltaError
 from obstore.exceptions import BaseError as StoreError
 
 from spark_jobs.delta_merge.commit.validity import check_commit_files
-from spark_jobs.delta_merge.contract import MERGE_ENGINE, MERGE_OPERATION
 from spark_jobs.delta_merge.errors import (
     ConcurrentModificationError,
     MergeExecutionError,
     MergeSpecError,
 )
-from spark_jobs.delta_merge.files import LiveFile, WrittenFile
-from spark_jobs.delta_merge.log_store import commit_path, log_store, redacted, storage_failure, write_commit
-from spark_jobs.delta_merge.row_tracking import assign_row_ids, high_water_mark, row_tracking
+from spark_jobs.delta_merge.protocol.commit_info import MERGE_ENGINE, MERGE_OPERATION
+from spark_jobs.delta_merge.protocol.files import LiveFile, WrittenFile
+from spark_jobs.delta_merge.protocol.row_tracking import assign_row_ids, high_water_mark, row_tracking
+from spark_jobs.delta_merge.storage.log_store import (
+    commit_path,
+    log_store,
+    redacted,
+    storage_failure,
+    write_commit,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
-    from spark_jobs.delta_merge.snapshot import TargetSnapshot
+    from spark_jobs.delta_merge.protocol.snapshot import TargetSnapshot
 
 __all__ = [
     "ISOLATION_LEVELS",
@@ -326,7 +332,7 @@ def _base_state(
     if base_version == plan.read_version or not (plan.assigns_row_ids or plan.in_commit_timestamps):
         return plan.read_domains, plan.read_in_commit_timestamp
     # Imported here: delta_log reads checkpoints with pyarrow, which the Airflow side does not need.
-    from spark_jobs.delta_merge.delta_log import replay_log
+    from spark_jobs.delta_merge.protocol.delta_log import replay_log
 
     operation = f"reading the row id high-water mark and in-commit timestamp at version {base_version}"
     try:
@@ -403,7 +409,7 @@ def _engine_info() -> str:
 def _evolved_schema_json(snapshot: TargetSnapshot, new_schema: StructType | None) -> str | None:
     if new_schema is None:
         return None
-    from spark_jobs.delta_merge.delta_schema import delta_schema_json, normalized_schema_json
+    from spark_jobs.delta_merge.protocol.delta_schema import delta_schema_json, normalized_schema_json
 
     text = delta_schema_json(new_schema)
     return None if normalized_schema_json(text) == normalized_schema_json(snapshot.schema_json) else text

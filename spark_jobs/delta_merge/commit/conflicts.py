@@ -11,9 +11,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from spark_jobs.delta_merge.deletion_vectors import DeletionVector
 from spark_jobs.delta_merge.errors import ConcurrentModificationError
-from spark_jobs.delta_merge.files import FileStats, LiveFile
+from spark_jobs.delta_merge.protocol.deletion_vectors import DeletionVector
+from spark_jobs.delta_merge.protocol.files import FileStats, LiveFile
 
 __all__ = ["AlreadyApplied", "ReadSet", "added_file", "check_winning_commit"]
 

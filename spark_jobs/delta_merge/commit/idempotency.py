@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from spark_jobs.delta_merge.delta_log import (
+from spark_jobs.delta_merge.metrics import MergeMetrics
+from spark_jobs.delta_merge.protocol.delta_log import (
     app_transaction_version,
     find_app_transaction_commit,
     table_version,
 )
-from spark_jobs.delta_merge.metrics import MergeMetrics
 from spark_jobs.delta_merge.spec import MergeSpec
 
 __all__ = ["applied_metrics"]

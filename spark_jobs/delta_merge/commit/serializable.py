@@ -11,9 +11,9 @@ from typing import Any
 
 from spark_jobs.delta_merge.commit.actions import CommitPlan, attempt_commit
 from spark_jobs.delta_merge.commit.conflicts import AlreadyApplied, ReadSet, added_file, check_winning_commit
-from spark_jobs.delta_merge.delta_log import latest_version, read_commit_actions
 from spark_jobs.delta_merge.errors import ConcurrentModificationError, MergeExecutionError
-from spark_jobs.delta_merge.files import LiveFile
+from spark_jobs.delta_merge.protocol.delta_log import latest_version, read_commit_actions
+from spark_jobs.delta_merge.protocol.files import LiveFile
 
 __all__ = ["CommitOutcome", "commit_serializably"]
 

@@ -19,14 +19,14 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from pyspark.sql.types import StructType
 
-from spark_jobs.delta_merge.arrow_store import arrow_filesystem
-from spark_jobs.delta_merge.column_mapping import partition_keys, physical_arrow_schema
 from spark_jobs.delta_merge.errors import MergeExecutionError
-from spark_jobs.delta_merge.files import LiveFile, WrittenFile
-from spark_jobs.delta_merge.log_store import storage_errors
-from spark_jobs.delta_merge.row_tracking import row_tracking
-from spark_jobs.delta_merge.snapshot import TargetSnapshot
-from spark_jobs.delta_merge.write import arrow_schema
+from spark_jobs.delta_merge.protocol.column_mapping import partition_keys, physical_arrow_schema
+from spark_jobs.delta_merge.protocol.delta_schema import arrow_schema
+from spark_jobs.delta_merge.protocol.files import LiveFile, WrittenFile
+from spark_jobs.delta_merge.protocol.row_tracking import row_tracking
+from spark_jobs.delta_merge.protocol.snapshot import TargetSnapshot
+from spark_jobs.delta_merge.storage.arrow_store import arrow_filesystem
+from spark_jobs.delta_merge.storage.log_store import storage_errors
 
 __all__ = ["check_commit_files"]
 

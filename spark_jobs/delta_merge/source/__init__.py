@@ -1,0 +1,1 @@
+"""Reading and materializing the merge source."""

@@ -1,0 +1,35 @@
+"""Spark confs the job reads beside its spec: sizes in bytes, as Spark writes them."""
+
+from __future__ import annotations
+
+import re
+
+from pyspark.sql import SparkSession
+
+from spark_jobs.delta_merge.errors import MergeSpecError
+
+__all__ = ["size_conf"]
+
+
+def size_conf(spark: SparkSession, name: str, default: int, *, never: str) -> int:
+    """The Spark conf ``name``, a size in bytes (``32m``, ``33554432``; -1: ``never``), else ``default``.
+
+    :raises MergeSpecError: the value is no size, before anything is written.
+    """
+    setting = spark.conf.get(name, None)
+    try:
+        return default if setting is None else _bytes(setting)
+    except ValueError as exc:
+        raise MergeSpecError(
+            f"The Spark conf {name} must be a size in bytes such as 33554432 or 32m (-1: {never}), "
+            f"got {setting!r}."
+        ) from exc
+
+
+def _bytes(text: str) -> int:
+    units = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "m": 1 << 20, "mb": 1 << 20, "g": 1 << 30,
+             "gb": 1 << 30}  # fmt: skip
+    match = re.fullmatch(r"\s*(-?\d+)\s*([a-zA-Z]*)\s*", text)
+    if match is None or match.group(2).lower() not in units:
+        raise ValueError(text)
+    return int(match.group(1)) * units[match.group(2).lower()]

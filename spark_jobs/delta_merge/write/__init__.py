@@ -1,0 +1,1 @@
+"""Writing the merge output: Parquet files with Delta stats and partition values."""
