@@ -56,14 +56,14 @@ def spark_reader(spark: Any, table: Path, deleted: dict[str, list[int]]) -> Any:
     from pyspark.sql import functions as F
 
     from spark_jobs.delta_merge.protocol.snapshot import load_snapshot
-    from spark_jobs.delta_merge.scan.table_scan import FILE_KEY_COLUMN, file_key, scan_files
+    from spark_jobs.delta_merge.scan.table_scan import FILE_KEY_COLUMN, scan_files
 
     snapshot = load_snapshot(str(table))
     df = scan_files(spark, snapshot, snapshot.files, with_file_key=True)
     if not deleted:
         return df
     # scan_files applies descriptors from the log; this table has none, so apply the same anti join here.
-    by_key = {file_key(snapshot, f): deleted[f.path] for f in snapshot.files if f.path in deleted}
+    by_key = {snapshot.file_key(f): deleted[f.path] for f in snapshot.files if f.path in deleted}
     rows = [(key, row) for key, indexes in by_key.items() for row in indexes]
     dead = spark.createDataFrame(rows, f"{FILE_KEY_COLUMN} string, __row long")
     plain = spark.read.schema(snapshot.schema).parquet(*[str(table / f.path) for f in snapshot.files])

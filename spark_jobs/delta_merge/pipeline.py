@@ -16,7 +16,7 @@ from spark_jobs.delta_merge.analysis.spark_statement import check_with_spark_par
 from spark_jobs.delta_merge.commit import applied_metrics, commit_merge
 from spark_jobs.delta_merge.errors import MergeExecutionError
 from spark_jobs.delta_merge.expectations import check_expectations
-from spark_jobs.delta_merge.merge.merge_strategies import execute_merge
+from spark_jobs.delta_merge.merge.execute import execute_merge
 from spark_jobs.delta_merge.metrics import MergeMetrics
 from spark_jobs.delta_merge.protocol.column_mapping import map_new_fields
 from spark_jobs.delta_merge.protocol.snapshot import TargetSnapshot, load_snapshot

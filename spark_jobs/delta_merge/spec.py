@@ -316,12 +316,19 @@ class MergeSpec:
     def validate(self) -> ParsedMerge:
         """Check everything: fields, Delta's MERGE rules, and every expression through the guard.
 
+        The statement is parsed and checked once per spec: the parsed merge is kept with the spec, and a
+        later call (the job's entry point, then ``run_merge``) returns it again.
+
         :returns: the parsed merge.
         :raises MergeSpecError: naming the field, what was expected and what was found.
         """
+        checked: ParsedMerge | None = self.__dict__.get("_checked_statement")
+        if checked is not None:
+            return checked
         self._check_fields()
         parsed = self.parsed()
         check_parsed_merge(parsed, sql_form=self.merge_sql is not None)
+        object.__setattr__(self, "_checked_statement", parsed)
         return parsed
 
     def _check_form(self) -> None:

@@ -25,7 +25,7 @@ from spark_jobs.delta_merge.protocol.files import LiveFile
 from spark_jobs.delta_merge.protocol.row_tracking import row_tracking
 from spark_jobs.delta_merge.protocol.snapshot import load_snapshot
 from spark_jobs.delta_merge.scan.arrow_scan import is_object_store
-from spark_jobs.delta_merge.scan.table_scan import FILE_KEY_COLUMN, file_key, scan_files
+from spark_jobs.delta_merge.scan.table_scan import FILE_KEY_COLUMN, scan_files
 from tests.object_storage.s3_tables import upload_directory
 from tests.object_storage.table_io import UPSERT, kv, merge
 from tests.object_storage.table_io import download as shared_download
@@ -175,7 +175,7 @@ def test_the_arrow_reader_gives_what_spark_reads_from_the_same_table_on_disk(
 def _root_key(snapshot: Any) -> str:
     """The file key prefix of the table root: keys on disk and on S3 differ only in it."""
     probe = LiveFile(path="x", size=0, partition_values={}, stats=None, modification_time=0)
-    return file_key(snapshot, probe).removesuffix("/x")
+    return snapshot.file_key(probe).removesuffix("/x")
 
 
 def test_change_data_feed(spark: Any, s3_server: S3Server, bucket: str, tmp_path: Path) -> None:

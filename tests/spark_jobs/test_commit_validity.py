@@ -178,7 +178,7 @@ def test_merge_with_tampered_files_is_refused(
         files = (tamper(outcome.files[0], target), *outcome.files[1:])
         return dataclasses.replace(outcome, files=files)
 
-    monkeypatch.setattr("spark_jobs.delta_merge.merge.merge_strategies.write_merge_output", tampered)
+    monkeypatch.setattr("spark_jobs.delta_merge.merge.output.write_merge_output", tampered)
     sql = "MERGE INTO t USING s ON t.id = s.id WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *"
     spec = {"target": {"uri": str(target)}, "source": {"uri": str(source)}, "merge_sql": sql}
 

@@ -22,7 +22,7 @@ from deltalake import write_deltalake
 
 from spark_jobs.delta_merge import run_merge
 from spark_jobs.delta_merge.errors import MergeExecutionError
-from spark_jobs.delta_merge.merge import merge_strategies
+from spark_jobs.delta_merge.merge import classic as classic_merge_module
 from spark_jobs.delta_merge.source.materialize import MATERIALIZE_MAX_ATTEMPTS, storage_level_for_attempt
 from tests.delta_reader import read_rows, table_version
 from tests.spark_jobs.submit_harness import Submitted, progress_line
@@ -104,14 +104,14 @@ def test_rand_source_is_materialized_and_both_scans_see_one_snapshot(
 # -- (b) a source directory that gains or changes files between the scans --------------------------------
 def _after_first_scan(monkeypatch: pytest.MonkeyPatch, action: Callable[[], None]) -> None:
     """Run ``action`` once, right after the merge's first source scan (finding touched files)."""
-    real = merge_strategies.find_touched_files  # type: ignore[attr-defined]
+    real = classic_merge_module.find_touched_files  # type: ignore[attr-defined]
 
     def scanned_then_act(*args: Any, **kwargs: Any) -> Any:
         touched = real(*args, **kwargs)
         action()
         return touched
 
-    monkeypatch.setattr(merge_strategies, "find_touched_files", scanned_then_act)
+    monkeypatch.setattr(classic_merge_module, "find_touched_files", scanned_then_act)
 
 
 @pytest.mark.spark
@@ -190,7 +190,7 @@ def _lose_blocks_after_first_scan(monkeypatch: pytest.MonkeyPatch, *, times: int
     """Unpersist the materialized source's blocks after the first scan of the first ``times`` attempts,
     which makes the second scan fail with Spark's CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND (as a lost executor
     does). Returns (replication, uses memory) of the materialized RDD per attempt."""
-    real = merge_strategies.find_touched_files  # type: ignore[attr-defined]
+    real = classic_merge_module.find_touched_files  # type: ignore[attr-defined]
     levels: list[tuple[int, bool]] = []
 
     def scan_then_lose(source: Any, *args: Any, **kwargs: Any) -> Any:
@@ -202,7 +202,7 @@ def _lose_blocks_after_first_scan(monkeypatch: pytest.MonkeyPatch, *, times: int
             rdd.unpersist(True)
         return touched
 
-    monkeypatch.setattr(merge_strategies, "find_touched_files", scan_then_lose)
+    monkeypatch.setattr(classic_merge_module, "find_touched_files", scan_then_lose)
     return levels
 
 
@@ -259,7 +259,7 @@ def test_other_failures_are_not_retried(
         calls.append(1)
         raise MergeExecutionError("boom")
 
-    monkeypatch.setattr(merge_strategies, "find_touched_files", failing)
+    monkeypatch.setattr(classic_merge_module, "find_touched_files", failing)
     with pytest.raises(MergeExecutionError, match=r"^boom$"):
         merge(spark, target, parquet(source_dir), materialize_source="all")
     assert calls == [1]

@@ -18,7 +18,6 @@ from spark_jobs.delta_merge.errors import MergeAnalysisError, MergeExecutionErro
 from spark_jobs.delta_merge.protocol.files import FileStats
 from spark_jobs.delta_merge.protocol.snapshot import (
     TargetSnapshot,
-    file_uri,
     load_snapshot,
     relative_path_from_uri,
 )
@@ -97,7 +96,7 @@ def test_snapshot_metadata(tricky_root: Path, tricky: TargetSnapshot) -> None:
 
 def test_file_uri_is_the_decoded_path_spark_reads(tricky: TargetSnapshot) -> None:
     for f in tricky.files:
-        uri = file_uri(tricky, f)
+        uri = tricky.file_uri(f)
         assert uri.startswith("file:///")
         assert os.path.isfile(uri[len("file://") :])
 
@@ -109,7 +108,7 @@ def _java_style_uri(path: str) -> str:
 
 def test_relative_path_from_spark_style_uris(tricky: TargetSnapshot) -> None:
     for f in tricky.files:
-        local = file_uri(tricky, f)[len("file://") :]
+        local = tricky.file_uri(f)[len("file://") :]
         assert relative_path_from_uri(tricky, _java_style_uri(local)) == f.path
         assert relative_path_from_uri(tricky, "file://" + quote(local)) == f.path
         assert relative_path_from_uri(tricky, "s3a://" + quote(local)) == f.path  # the scheme is ignored
@@ -119,7 +118,7 @@ def test_relative_path_rejects_unknown_files(tricky: TargetSnapshot) -> None:
     f = tricky.files[0]
     with pytest.raises(MergeExecutionError, match="not a live file"):
         # the decoded form is not a URI: '%3D' on disk would read as '='
-        relative_path_from_uri(tricky, "file:" + file_uri(tricky, f)[len("file://") :] + ".gone")
+        relative_path_from_uri(tricky, "file:" + tricky.file_uri(f)[len("file://") :] + ".gone")
 
 
 def test_version_pinning(tmp_path: Path) -> None:
@@ -232,7 +231,7 @@ def test_deletion_vectors_are_detected(tmp_path: Path) -> None:
 
 @pytest.mark.spark
 def test_spark_reads_file_uri_and_maps_metadata_file_path_back(spark: Any, tricky: TargetSnapshot) -> None:
-    by_uri = {file_uri(tricky, f): f.path for f in tricky.files}
+    by_uri = {tricky.file_uri(f): f.path for f in tricky.files}
     df = spark.read.parquet(*by_uri).select("id", "_metadata.file_path")
     rows = df.collect()
     assert len(rows) == len(TRICKY)

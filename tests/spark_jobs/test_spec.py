@@ -596,3 +596,21 @@ def test_source_storage_options_round_trip_and_stay_out_of_repr() -> None:
 
 def test_source_format_may_be_omitted() -> None:
     assert MergeSpec.from_dict(with_(source={"uri": "/x"})).source == SourceSpec(uri="/x")
+
+
+def test_the_statement_is_parsed_and_checked_once_per_spec(monkeypatch: pytest.MonkeyPatch) -> None:
+    import spark_jobs.delta_merge.spec as spec_module
+
+    parses: list[str] = []
+    real_parse = spec_module.parse_merge_sql
+
+    def counting_parse(sql: str) -> Any:
+        parses.append(sql)
+        return real_parse(sql)
+
+    monkeypatch.setattr(spec_module, "parse_merge_sql", counting_parse)
+    spec = MergeSpec.from_dict(with_())
+    first = spec.validate()  # the job's entry point checks the spec before starting Spark ...
+    assert spec.validate() is first  # ... and run_merge gets the same parsed statement back
+    assert len(parses) == 1
+    assert MergeSpec.from_dict(spec.to_dict()) == spec  # the kept statement is no part of the contract

@@ -41,7 +41,12 @@ from spark_jobs.delta_merge.errors import ConstraintViolationError
 from spark_jobs.delta_merge.protocol.file_stats import indexed_leaves
 from spark_jobs.delta_merge.protocol.files import WrittenFile
 from spark_jobs.delta_merge.protocol.partition_values import decode_add_path, serialize_partition_value
-from spark_jobs.delta_merge.write.merge_output import WriteOutcome, arrow_schema, write_merge_output
+from spark_jobs.delta_merge.write.merge_output import (
+    MergeOutputPlan,
+    WriteOutcome,
+    arrow_schema,
+    write_merge_output,
+)
 from spark_jobs.delta_merge.write.write_task import WriteTaskPlan, write_task
 
 if TYPE_CHECKING:
@@ -60,7 +65,8 @@ def _write(spark: SparkSession, root: Path | str, schema: StructType, rows: Sequ
     options.setdefault("partition_columns", [])
     options.setdefault("drop_codes", [])
     options.setdefault("target_file_size", 128 << 20)
-    return write_merge_output(df, table_root=str(root), schema=schema, action_column=ACTION, **options)
+    plan = MergeOutputPlan(table_root=str(root), schema=schema, action_column=ACTION, **options)
+    return write_merge_output(df, plan)
 
 
 def _commit(root: Path, schema: StructType, partition_by: list[str], files: Sequence[WrittenFile]) -> None:
@@ -201,9 +207,10 @@ def test_types_round_trip_in_delta_conformant_parquet(spark: SparkSession, table
     previous = spark.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch")
     spark.sparkContext.setJobDescription("outer stage")
     try:
-        outcome = write_merge_output(df, table_root=table_root.as_uri(), schema=ALL_TYPES,
-                                     partition_columns=[], action_column=ACTION, drop_codes=[],
-                                     target_file_size=128 << 20, job_description="inner write")
+        outcome = write_merge_output(df, MergeOutputPlan(
+            table_root=table_root.as_uri(), schema=ALL_TYPES, partition_columns=[], action_column=ACTION,
+            drop_codes=[], target_file_size=128 << 20, job_description="inner write",
+        ))
         assert spark.sparkContext.getLocalProperty("spark.job.description") == "outer stage"
         assert spark.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch") == previous
     finally:
@@ -273,10 +280,11 @@ def test_not_null_violation_fails_and_leaves_no_file(spark: SparkSession, table_
     schema = StructType([StructField("id", LongType(), False), StructField("p", StringType())])
     # One task, so the failing one is the only one (files of tasks that succeeded would stay, as orphans).
     df = spark.createDataFrame([(1, "a", 0), (None, "b", 0)], f"id long, p string, {ACTION} int").coalesce(1)
+    plan = MergeOutputPlan(table_root=str(table_root), schema=schema, partition_columns=[],
+                           action_column=ACTION, drop_codes=[], target_file_size=1 << 20)
     with pytest.raises(ConstraintViolationError, match=r"^\[DELTA_NOT_NULL_CONSTRAINT_VIOLATED\] NOT NULL "
                        r"constraint violated for column: id\. The merge produced NULL in 1 row"):
-        write_merge_output(df, table_root=str(table_root), schema=schema, partition_columns=[],
-                           action_column=ACTION, drop_codes=[], target_file_size=1 << 20)
+        write_merge_output(df, plan)
     assert not list(table_root.rglob("*.parquet"))
 
 

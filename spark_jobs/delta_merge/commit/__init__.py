@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from spark_jobs.delta_merge.analysis.merge_plan import MergePlan
-    from spark_jobs.delta_merge.merge.merge_strategies import MergeOutcome
+    from spark_jobs.delta_merge.merge.stats import MergeOutcome
     from spark_jobs.delta_merge.protocol.files import LiveFile
     from spark_jobs.delta_merge.protocol.snapshot import TargetSnapshot
     from spark_jobs.delta_merge.spec import MergeSpec

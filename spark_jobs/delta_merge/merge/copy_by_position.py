@@ -34,13 +34,10 @@ from spark_jobs.delta_merge.merge.rewrite import Action
 from spark_jobs.delta_merge.protocol.column_mapping import physical_read_schema
 from spark_jobs.delta_merge.protocol.deletion_vectors import deleted_rows
 from spark_jobs.delta_merge.protocol.files import LiveFile, WrittenFile
-from spark_jobs.delta_merge.protocol.snapshot import file_uri
 from spark_jobs.delta_merge.protocol.table_features import TableConstraints
 from spark_jobs.delta_merge.scan.arrow_scan import FileScan, file_scan, read_file
-from spark_jobs.delta_merge.scan.table_scan import file_key
 from spark_jobs.delta_merge.spark_confs import size_conf
 from spark_jobs.delta_merge.storage.arrow_store import arrow_file_path, arrow_filesystem
-from spark_jobs.delta_merge.storage.log_store import log_store
 from spark_jobs.delta_merge.write.merge_output import (
     data_file_plan,
     failure_summary,
@@ -126,16 +123,16 @@ def copy_unchanged_rows(
         scan=file_scan(snapshot.table_uri, read_schema, storage_options=snapshot.storage_options),
         write=write, tracked=bool(hidden_columns),
     )
-    store = log_store(snapshot.table_uri, snapshot.storage_options) if any(
+    store = snapshot.log_store if any(
         f.deletion_vector is not None for f in files) else None  # fmt: skip
     tasks = []
     for f in files:
-        dropped = BitMap64(changed.get(file_key(snapshot, f), BitMap64()))
+        dropped = BitMap64(changed.get(snapshot.file_key(f), BitMap64()))
         if f.deletion_vector is not None and store is not None:
             dropped.update(deleted_rows(store, snapshot.table_uri, f.deletion_vector,
                                         storage_options=snapshot.storage_options))  # fmt: skip
         values = {c: f.partition_values.get(c) for c in write.partition_columns}
-        tasks.append((_store_path(file_uri(snapshot, f)), dropped.serialize(), json.dumps(values),
+        tasks.append((_store_path(snapshot.file_uri(f)), dropped.serialize(), json.dumps(values),
                       f.base_row_id, f.default_row_commit_version))  # fmt: skip
     if not tasks:
         return CopiedRows((), 0)

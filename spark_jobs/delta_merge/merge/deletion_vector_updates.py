@@ -22,8 +22,6 @@ from spark_jobs.delta_merge.errors import MergeExecutionError
 from spark_jobs.delta_merge.protocol.deletion_vectors import deleted_rows, write_deletion_vectors
 from spark_jobs.delta_merge.protocol.files import LiveFile
 from spark_jobs.delta_merge.protocol.snapshot import TargetSnapshot
-from spark_jobs.delta_merge.scan.table_scan import file_key
-from spark_jobs.delta_merge.storage.log_store import log_store
 
 __all__ = [
     "PERSISTENT_DELETION_VECTORS_CONF", "DeletionVectorUpdates", "mark_rows", "writes_deletion_vectors",
@@ -68,7 +66,7 @@ def mark_rows(
     :raises MergeExecutionError: marks for a file the merge did not touch, or a file whose row count the
         log does not give (Delta writes ``numRecords`` for every file of a deletion-vector table).
     """
-    by_key = {file_key(snapshot, f): f for f in touched}
+    by_key = {snapshot.file_key(f): f for f in touched}
     if unknown := sorted(set(marks) - set(by_key)):
         raise MergeExecutionError(f"rows were marked deleted in files the merge did not touch: {unknown[:3]}")
     store = None
@@ -78,7 +76,7 @@ def mark_rows(
         live = by_key[key]
         rows = BitMap64(marked)
         if live.deletion_vector is not None:
-            store = store or log_store(snapshot.table_uri, snapshot.storage_options)
+            store = store or snapshot.log_store
             rows |= BitMap64(deleted_rows(store, snapshot.table_uri, live.deletion_vector,
                                           storage_options=snapshot.storage_options))  # fmt: skip
         total = live.stats.num_records if live.stats is not None else None

@@ -15,6 +15,7 @@ import deltalake
 import pyarrow as pa
 from deltalake.exceptions import DeltaError, TableNotFoundError
 from deltalake.table import ProtocolVersions
+from obstore.store import ObjectStore
 from pyspark.sql.types import StructType
 
 from spark_jobs.delta_merge.errors import MergeAnalysisError, MergeExecutionError
@@ -25,7 +26,7 @@ from spark_jobs.delta_merge.protocol.files import FileStats, LiveFile
 from spark_jobs.delta_merge.storage.azure_options import check_azure_options
 from spark_jobs.delta_merge.storage.log_store import log_store, storage_errors, storage_failure
 
-__all__ = ["TableProtocol", "TargetSnapshot", "file_uri", "load_snapshot", "relative_path_from_uri"]
+__all__ = ["TableProtocol", "TargetSnapshot", "load_snapshot", "relative_path_from_uri"]
 
 _ABSOLUTE_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*:")
 
@@ -87,6 +88,47 @@ class TargetSnapshot:
         """``none``, ``name`` or ``id``: the property where the protocol supports column mapping."""
         return mapping_mode(self.configuration, supported=self.protocol.supports_column_mapping)
 
+    def file_uri(self, live_file: LiveFile) -> str:
+        """The path to give ``spark.read.parquet`` for a live file: ``scheme://authority/decoded/path``.
+
+        Hadoop's ``Path(String)`` takes the path part literally (``%20`` stays three characters), so the
+        percent-encoding of ``add.path`` and of the table URI is decoded here. Spark reports the same
+        file in ``_metadata.file_path`` as an encoded URI; map that back with
+        :func:`relative_path_from_uri`, never by comparing strings. ``spark.read`` expands glob
+        characters (``*?[]{}``); Delta writers escape them in partition directories, so only a table root
+        containing them would need care.
+        """
+        if _ABSOLUTE_URI.match(live_file.path):
+            parts = urlsplit(live_file.path)
+            return f"{parts.scheme}://{parts.netloc}{unquote(parts.path)}"
+        root = urlsplit(self.table_uri)
+        return f"{root.scheme}://{root.netloc}{unquote(root.path).rstrip('/')}/{unquote(live_file.path)}"
+
+    def file_key(self, live_file: LiveFile) -> str:
+        """A scheme-less, decoded absolute path: the same string the table scan computes in Spark from
+        ``_metadata.file_path`` (``scan.table_scan.FILE_KEY_COLUMN``)."""
+        path = self.file_uri(live_file)
+        without_scheme = path.split(":", 1)[1] if "://" in path else path
+        return "/" + without_scheme.lstrip("/")
+
+    @property
+    def log_store(self) -> ObjectStore:
+        """The store rooted at the table, opened once per snapshot (deletion vectors, checkpoints, commits).
+
+        :raises FileNotFoundError: a local table root that no longer exists.
+        """
+        store = self.__dict__.get("_store")
+        if store is None:
+            store = log_store(self.table_uri, self.storage_options)
+            object.__setattr__(self, "_store", store)
+        return store
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A snapshot captured by a Spark task travels without its open store (a handle of this process).
+        state = dict(self.__dict__)
+        state.pop("_store", None)
+        return state
+
 
 def load_snapshot(
     uri: str, *, storage_options: Mapping[str, str] | None = None, version: int | None = None
@@ -139,23 +181,6 @@ def load_snapshot(
         domains=dict(log_state.domains),
         in_commit_timestamp=log_state.in_commit_timestamp,
     )
-
-
-def file_uri(snapshot: TargetSnapshot, live_file: LiveFile) -> str:
-    """The path to give ``spark.read.parquet`` for a live file: ``scheme://authority/decoded/path``.
-
-    Hadoop's ``Path(String)`` takes the path part literally (``%20`` stays three characters), so the
-    percent-encoding of ``add.path`` and of the table URI is decoded here. Spark reports the same
-    file in ``_metadata.file_path`` as an encoded URI; map that back with
-    :func:`relative_path_from_uri`, never by comparing strings. ``spark.read`` expands glob
-    characters (``*?[]{}``); Delta writers escape them in partition directories, so only a table root
-    containing them would need care.
-    """
-    if _ABSOLUTE_URI.match(live_file.path):
-        parts = urlsplit(live_file.path)
-        return f"{parts.scheme}://{parts.netloc}{unquote(parts.path)}"
-    root = urlsplit(snapshot.table_uri)
-    return f"{root.scheme}://{root.netloc}{unquote(root.path).rstrip('/')}/{unquote(live_file.path)}"
 
 
 def relative_path_from_uri(snapshot: TargetSnapshot, uri: str) -> str:

@@ -21,7 +21,6 @@ from spark_jobs.delta_merge.protocol.deletion_vectors import deleted_rows
 from spark_jobs.delta_merge.protocol.files import LiveFile
 from spark_jobs.delta_merge.protocol.partition_values import parse_partition_value
 from spark_jobs.delta_merge.protocol.row_tracking import ROW_COMMIT_VERSION_COLUMN, ROW_ID_COLUMN, RowTracking
-from spark_jobs.delta_merge.protocol.snapshot import file_uri
 from spark_jobs.delta_merge.scan.arrow_scan import (
     FILE_PATH,
     ROW_INDEX,
@@ -30,14 +29,13 @@ from spark_jobs.delta_merge.scan.arrow_scan import (
     read_parquet_files,
 )
 from spark_jobs.delta_merge.storage.arrow_store import arrow_file_path
-from spark_jobs.delta_merge.storage.log_store import log_store
 
 if TYPE_CHECKING:
     from spark_jobs.delta_merge.protocol.snapshot import TargetSnapshot
 
-__all__ = ["FILE_KEY_COLUMN", "ROW_INDEX_COLUMN", "JoinScan", "file_key", "scan_files", "scan_for_join"]
+__all__ = ["FILE_KEY_COLUMN", "ROW_INDEX_COLUMN", "JoinScan", "scan_files", "scan_for_join"]
 
-# Identifies the file a target row came from, in the form `file_key` gives for a LiveFile.
+# Identifies the file a target row came from, in the form `TargetSnapshot.file_key` gives for a LiveFile.
 FILE_KEY_COLUMN = "__merge_file"
 ROW_INDEX_COLUMN = "__merge_row_index"
 # Spark's `_metadata.file_path` of a scanned row, turned into its file key once the row has joined.
@@ -46,17 +44,11 @@ _BASE_ROW_ID_COLUMN = "__merge_base_row_id"
 _DEFAULT_VERSION_COLUMN = "__merge_default_version"
 
 
-def file_key(snapshot: TargetSnapshot, live_file: LiveFile) -> str:
-    """A scheme-less, decoded absolute path: the same string `_file_key_column` computes in Spark."""
-    path = file_uri(snapshot, live_file)
-    without_scheme = path.split(":", 1)[1] if "://" in path else path
-    return "/" + without_scheme.lstrip("/")
-
-
 def _file_key_column(file_path: Column | None = None) -> Column:
-    """The :func:`file_key` of Spark's ``_metadata.file_path`` (or of ``file_path``, a column holding it)."""
+    """The ``TargetSnapshot.file_key`` of Spark's ``_metadata.file_path`` (or of ``file_path``, a column
+    holding it)."""
     # `_metadata.file_path` is a URI (spaces as %20, '%' as %25). url_decode would also turn '+'
-    # into a space, so protect '+' first; then drop the scheme as `file_key` does.
+    # into a space, so protect '+' first; then drop the scheme as `TargetSnapshot.file_key` does.
     path = F.col("_metadata.file_path") if file_path is None else file_path
     decoded = F.url_decode(F.replace(path, F.lit("+"), F.lit("%2B")))
     return F.regexp_replace(decoded, r"^[a-zA-Z][a-zA-Z0-9+.-]*:/*", "/")
@@ -68,7 +60,7 @@ def _deleted_rows_frame(
     """The rows the deletion vectors of ``files`` delete, as (:data:`FILE_KEY_COLUMN`,
     :data:`ROW_INDEX_COLUMN`); built as Arrow columns, not Python tuples: a table merged on read holds
     millions of deleted rows."""
-    store = log_store(snapshot.table_uri, snapshot.storage_options)
+    store = snapshot.log_store
     keys: list[pa.Array] = []
     indexes: list[pa.Array] = []
     for f in files:
@@ -77,7 +69,7 @@ def _deleted_rows_frame(
         rows = deleted_rows(
             store, snapshot.table_uri, f.deletion_vector, storage_options=snapshot.storage_options
         )
-        keys.append(pa.repeat(pa.scalar(file_key(snapshot, f), pa.string()), len(rows)))
+        keys.append(pa.repeat(pa.scalar(snapshot.file_key(f), pa.string()), len(rows)))
         indexes.append(pa.array(rows, pa.int64()))
     deleted = pa.table({
         FILE_KEY_COLUMN: pa.chunked_array(keys, pa.string()),
@@ -109,14 +101,14 @@ def _read_live_rows(
     with_dv = [f for f in files if f.deletion_vector is not None]
     parts: list[DataFrame] = []
     if plain:
-        df = spark.read.schema(data_schema).parquet(*[file_uri(snapshot, f) for f in plain])
+        df = spark.read.schema(data_schema).parquet(*[snapshot.file_uri(f) for f in plain])
         if with_row_index:
             df = df.withColumn(ROW_INDEX_COLUMN, F.col("_metadata.row_index"))
         parts.append(df.withColumn(FILE_KEY_COLUMN, _file_key_column()) if with_file_key else df)
     if with_dv:
         df = (
             spark.read.schema(data_schema)
-            .parquet(*[file_uri(snapshot, f) for f in with_dv])
+            .parquet(*[snapshot.file_uri(f) for f in with_dv])
             .withColumn(FILE_KEY_COLUMN, _file_key_column())
             .withColumn(ROW_INDEX_COLUMN, F.col("_metadata.row_index"))
             .join(
@@ -145,7 +137,7 @@ def _read_live_rows_with_arrow(
     """What :func:`_read_live_rows` gives, read by pyarrow in Spark tasks: Spark's readers here have no
     connector for object stores. Deleted rows are found on the driver, as for Spark's reader."""
     options = snapshot.storage_options
-    store = log_store(snapshot.table_uri, options) if any(f.deletion_vector for f in files) else None
+    store = snapshot.log_store if any(f.deletion_vector for f in files) else None
     scan = []
     for f in files:
         deleted: list[int] = []
@@ -153,8 +145,8 @@ def _read_live_rows_with_arrow(
             deleted = deleted_rows(
                 store, snapshot.table_uri, f.deletion_vector, storage_options=snapshot.storage_options
             )
-        path = arrow_file_path(file_uri(snapshot, f))
-        scan.append(ArrowScanFile(path=path, key=file_key(snapshot, f), deleted_rows=deleted))
+        path = arrow_file_path(snapshot.file_uri(f))
+        scan.append(ArrowScanFile(path=path, key=snapshot.file_key(f), deleted_rows=deleted))
     df = read_parquet_files(spark, snapshot.table_uri, scan, data_schema, storage_options=options)
     df = df.withColumnRenamed(ROW_INDEX, ROW_INDEX_COLUMN).withColumnRenamed(FILE_PATH, FILE_KEY_COLUMN)
     df = df if with_row_index else df.drop(ROW_INDEX_COLUMN)
@@ -209,7 +201,7 @@ def scan_files(
         )
         part_rows = [
             (
-                file_key(snapshot, f),
+                snapshot.file_key(f),
                 *[parse_partition_value(f.partition_values.get(keys[c]), schema[c].dataType)
                   for c in partition_columns],
             )
@@ -235,7 +227,7 @@ def _with_stable_row_ids(
         StructField(_DEFAULT_VERSION_COLUMN, LongType()),
     ])  # fmt: skip
     defaults = spark.createDataFrame(
-        [(file_key(snapshot, f), f.base_row_id, f.default_row_commit_version) for f in files], defaults_schema
+        [(snapshot.file_key(f), f.base_row_id, f.default_row_commit_version) for f in files], defaults_schema
     )
     row_id, commit_version = (F.col(f"`{c}`") for c in materialized)
     return (
@@ -301,7 +293,7 @@ def scan_for_join(
     mode = snapshot.column_mapping_mode
     data_schema = physical_read_schema(schema, mode)
     data_schema = StructType(data_schema.fields + [StructField(c, LongType()) for c in tracked])
-    read = spark.read.schema(data_schema).parquet(*[file_uri(snapshot, f) for f in files])
+    read = spark.read.schema(data_schema).parquet(*[snapshot.file_uri(f) for f in files])
     columns = [
         *[logical_column(f, mode) for f in schema.fields],
         *[F.col(f"`{c}`") for c in tracked],

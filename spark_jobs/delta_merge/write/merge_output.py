@@ -37,6 +37,7 @@ from spark_jobs.delta_merge.write.write_task import (
 )
 
 __all__ = [
+    "MergeOutputPlan",
     "WriteOutcome",
     "arrow_schema",
     "data_file_plan",
@@ -68,23 +69,11 @@ class WriteOutcome:
         return sum(f.num_records for f in self.files)
 
 
-def write_merge_output(
-    df: DataFrame, *, table_root: str, schema: StructType, partition_columns: Sequence[str],
-    action_column: str, drop_codes: Collection[int], target_file_size: int,
-    num_indexed_cols: int = DEFAULT_NUM_INDEXED_COLS, stats_columns: Sequence[str] | None = None,
-    job_description: str | None = None, violation_column: str | None = None,
-    change_types: Mapping[int, str] | None = None, preimage_change_types: Mapping[int, str] | None = None,
-    preimage_columns: Sequence[str] = (), column_mapping_mode: str = "none",
-    hidden_columns: Sequence[str] = (), storage_options: Mapping[str, str] | None = None,
-    mark_codes: Collection[int] = (), mark_columns: tuple[str, str] | None = None,
-) -> WriteOutcome:
-    """Write ``df`` as new Parquet files under ``table_root``, counting rows per action code.
+@dataclass(frozen=True)
+class MergeOutputPlan:
+    """How :func:`write_merge_output` writes one merge output: where, in which layout, and what it does
+    with each action code.
 
-    One Spark job: each task gets Arrow batches, counts codes, drops rows whose code is in
-    ``drop_codes`` and writes the rest with pyarrow in Hive-style partition directories, rolling to
-    a new file once ``target_file_size`` bytes are written, with Delta statistics of what it wrote.
-
-    :param df: the table's columns (``schema`` names, any order) plus ``action_column``.
     :param table_root: local path or URI (``file:``, or any scheme pyarrow.fs understands).
     :param schema: the final table schema, partition columns included; the files follow its
         column order and nullability, partition columns left out.
@@ -104,64 +93,102 @@ def write_merge_output(
         tracking's materialized columns): no statistics are collected on them.
     :param mark_codes: rows of these codes are marked rather than written (deletion vectors): their
         target file's key and physical row index, from ``mark_columns``, come back in ``marks``.
+    """
+
+    table_root: str
+    schema: StructType
+    partition_columns: Sequence[str]
+    action_column: str
+    drop_codes: Collection[int]
+    target_file_size: int
+    num_indexed_cols: int = DEFAULT_NUM_INDEXED_COLS
+    stats_columns: Sequence[str] | None = None
+    job_description: str | None = None
+    violation_column: str | None = None
+    change_types: Mapping[int, str] | None = None
+    preimage_change_types: Mapping[int, str] | None = None
+    preimage_columns: Sequence[str] = ()
+    column_mapping_mode: str = "none"
+    hidden_columns: Sequence[str] = ()
+    storage_options: Mapping[str, str] | None = field(default=None, repr=False)
+    mark_codes: Collection[int] = ()
+    mark_columns: tuple[str, str] | None = None
+
+    def __post_init__(self) -> None:
+        names = list(self.schema.names)
+        if clash := [c for c in self.bookkeeping_columns if c in names]:
+            raise ValueError(f"MergeOutputPlan: bookkeeping columns {clash} are also table columns")
+        if unknown := [c for c in self.partition_columns if c not in names]:
+            raise ValueError(f"MergeOutputPlan: partition columns {unknown} are not in the schema {names}")
+        if self.target_file_size <= 0:
+            size = self.target_file_size
+            raise ValueError(f"MergeOutputPlan: target_file_size must be positive, not {size}")
+        hidden = list(self.hidden_columns)
+        if hidden != names[len(names) - len(hidden) :]:
+            raise ValueError(f"MergeOutputPlan: hidden columns {hidden} must end the schema {names}")
+        width, preimages = len(names) - len(hidden), len(self.preimage_columns)
+        if self.preimage_change_types and preimages != width:
+            raise ValueError(f"MergeOutputPlan: {preimages} preimage columns for {width} table columns")
+        if bool(self.mark_codes) != (self.mark_columns is not None):
+            raise ValueError("MergeOutputPlan: mark_codes and mark_columns go together")
+
+    @property
+    def bookkeeping_columns(self) -> list[str]:
+        """The columns the write reads besides the table's: the action code, the constraint violation, the
+        preimages and the marked rows' file and row index."""
+        columns = [self.action_column]
+        columns += [self.violation_column] if self.violation_column is not None else []
+        columns += list(self.preimage_columns) if self.preimage_change_types else []
+        return columns + list(self.mark_columns or ())
+
+
+def write_merge_output(df: DataFrame, plan: MergeOutputPlan) -> WriteOutcome:
+    """Write ``df`` as new Parquet files under ``plan.table_root``, counting rows per action code.
+
+    One Spark job: each task gets Arrow batches, counts codes, drops rows whose code is in
+    ``plan.drop_codes`` and writes the rest with pyarrow in Hive-style partition directories, rolling to
+    a new file once ``plan.target_file_size`` bytes are written, with Delta statistics of what it wrote.
+
+    :param df: the table's columns (``plan.schema`` names, any order) plus ``plan.action_column``.
     :raises ConstraintViolationError: a row violates a constraint (the message is the column's value).
     :raises MergeExecutionError: the job failed; nothing is committed and files written before
         the failure are orphans that VACUUM removes.
     """
-    names = list(schema.names)
+    names = list(plan.schema.names)
     available = {c.lower() for c in df.columns}  # Spark resolves names case-insensitively by default
-    extra = [action_column] + ([violation_column] if violation_column is not None else [])
+    extra = plan.bookkeeping_columns
     missing = [c for c in [*names, *extra] if c.lower() not in available]
     if missing:
         raise ValueError(f"write_merge_output: columns {missing} are not in the DataFrame ({df.columns})")
-    if clash := [c for c in extra if c in names]:
-        raise ValueError(f"write_merge_output: bookkeeping columns {clash} are also table columns")
-    unknown = [c for c in partition_columns if c not in names]
-    if unknown:
-        raise ValueError(f"write_merge_output: partition columns {unknown} are not in the schema {names}")
-    if target_file_size <= 0:
-        raise ValueError(f"write_merge_output: target_file_size must be positive, got {target_file_size}")
-
-    if list(hidden_columns) != names[len(names) - len(hidden_columns) :]:
-        raise ValueError(
-            f"write_merge_output: hidden columns {list(hidden_columns)} must end the schema {names}"
-        )
-    table_width = len(names) - len(hidden_columns)
-    if preimage_change_types and len(preimage_columns) != table_width:
-        raise ValueError(
-            f"write_merge_output: {len(preimage_columns)} preimage columns for {table_width} table columns"
-        )
-    extra += list(preimage_columns) if preimage_change_types else []
-    if bool(mark_codes) != (mark_columns is not None):
-        raise ValueError("write_merge_output: mark_codes and mark_columns go together")
-    extra += list(mark_columns or ())
-    plan = replace(
+    task_plan = replace(
         data_file_plan(
-            table_root=table_root, schema=schema, partition_columns=partition_columns,
-            hidden_columns=hidden_columns, target_file_size=target_file_size,
-            num_indexed_cols=num_indexed_cols, stats_columns=stats_columns,
-            column_mapping_mode=column_mapping_mode, storage_options=storage_options,
+            table_root=plan.table_root, schema=plan.schema, partition_columns=plan.partition_columns,
+            hidden_columns=plan.hidden_columns, target_file_size=plan.target_file_size,
+            num_indexed_cols=plan.num_indexed_cols, stats_columns=plan.stats_columns,
+            column_mapping_mode=plan.column_mapping_mode, storage_options=plan.storage_options,
         ),
-        drop_codes=tuple(sorted({int(c) for c in drop_codes})),
-        check_violations=violation_column is not None,
-        change_types=tuple(sorted((change_types or {}).items())),
-        preimage_change_types=tuple(sorted((preimage_change_types or {}).items())),
-        mark_codes=tuple(sorted({int(c) for c in mark_codes})),
+        drop_codes=tuple(sorted({int(c) for c in plan.drop_codes})),
+        check_violations=plan.violation_column is not None,
+        change_types=tuple(sorted((plan.change_types or {}).items())),
+        preimage_change_types=tuple(sorted((plan.preimage_change_types or {}).items())),
+        mark_codes=tuple(sorted({int(c) for c in plan.mark_codes})),
     )
     output = df.select(*[F.col(_quoted(n)).alias(n) for n in names], *[F.col(_quoted(c)) for c in extra])
-    if partition_columns:
+    if plan.partition_columns:
         # Delta's repartitionBeforeWrite, as REBALANCE: AQE sizes the partitions from the actual
         # shuffle bytes, so a small output becomes one task per partition value, a large one splits.
-        output = output.hint("rebalance", *[F.col(_quoted(c)) for c in partition_columns])
+        output = output.hint("rebalance", *[F.col(_quoted(c)) for c in plan.partition_columns])
     # pyspark's mapInArrow looks every column up by its bare name, which reads `value.a` as the field a
     # of a struct value (or fails): give it dot-free names; write_task reads the batches by position.
     output = output.toDF(*[f"_c{i}" for i in range(len(output.columns))])
-    job = output.mapInArrow(functools.partial(write_task, plan), RESULT_SCHEMA)
+    job = output.mapInArrow(functools.partial(write_task, task_plan), RESULT_SCHEMA)
     try:
-        with _job_description(df.sparkSession, job_description):
+        with _job_description(df.sparkSession, plan.job_description):
             rows = job.collect()
     except Exception as exc:
-        orphans = f"files already written under {table_root} are not in the Delta log; VACUUM removes them"
+        orphans = (
+            f"files already written under {plan.table_root} are not in the Delta log; VACUUM removes them"
+        )
         violation = task_violation(exc)
         if violation is not None:
             message = f"{violation}\nNothing was committed ({orphans})."
@@ -172,7 +199,7 @@ def write_merge_output(
                 f"{failure.bare_message} ({orphans}.)", error_class=failure.error_class
             ) from exc
         raise MergeExecutionError(
-            f"Writing the merge output under {table_root} failed; nothing was committed (files already "
+            f"Writing the merge output under {plan.table_root} failed; nothing was committed (files already "
             f"written there are not in the Delta log; VACUUM removes them). Cause: {failure_summary(exc)}"
         ) from exc
     files: list[WrittenFile] = []

@@ -1,31 +1,24 @@
-"""The two merge strategies: insert_only_merge (append only) and classic_merge (touched files rewritten)."""
+"""classic_merge: find the touched files, then rewrite them, or mark their changed rows (merge-on-read)."""
 
 from __future__ import annotations
 
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 from pyroaring import BitMap64
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import LongType, StructField, StructType
 
 from spark_jobs.delta_merge.analysis.merge_plan import MergePlan
-from spark_jobs.delta_merge.errors import ConstraintViolationError, MergeExecutionError, spark_failure
+from spark_jobs.delta_merge.errors import MergeExecutionError
 from spark_jobs.delta_merge.merge.copy_by_position import copies_by_position, copy_unchanged_rows
 from spark_jobs.delta_merge.merge.deletion_vector_updates import mark_rows, writes_deletion_vectors
+from spark_jobs.delta_merge.merge.output import _num_indexed_cols, write_output
 from spark_jobs.delta_merge.merge.rewrite import (
     ACTION_COLUMN,
-    CHANGE_TYPES,
-    DROPPED_ACTIONS,
-    MARKED_ACTIONS,
-    PREIMAGE_CHANGE_TYPES,
-    PREIMAGE_PREFIX,
-    VIOLATION_COLUMN,
     Action,
     classic_output,
     first_match_per_target_row,
@@ -34,7 +27,7 @@ from spark_jobs.delta_merge.merge.rewrite import (
     with_materialized_columns,
 )
 from spark_jobs.delta_merge.merge.row_counter import counted
-from spark_jobs.delta_merge.merge.source_key_ranges import joinable_files
+from spark_jobs.delta_merge.merge.stats import MergeOutcome, elapsed_ms, file_metrics, row_metrics
 from spark_jobs.delta_merge.merge.touched_files import ACTS_COLUMN, TouchedFiles, find_touched_files
 from spark_jobs.delta_merge.metrics import MergeMetrics
 from spark_jobs.delta_merge.protocol.files import LiveFile, WrittenFile
@@ -49,196 +42,19 @@ from spark_jobs.delta_merge.protocol.table_features import (
     TableConstraints,
     change_data_feed_enabled,
     check_writable,
-    table_constraints,
 )
-from spark_jobs.delta_merge.scan.data_skipping import partition_count, prune_files
 from spark_jobs.delta_merge.scan.table_scan import (
     FILE_KEY_COLUMN,
     ROW_INDEX_COLUMN,
-    file_key,
     scan_files,
     scan_for_join,
 )
 from spark_jobs.delta_merge.stage_timing import stage
-from spark_jobs.delta_merge.write.merge_output import write_empty_change_file, write_merge_output
+from spark_jobs.delta_merge.write.merge_output import write_empty_change_file
 
-__all__ = ["MergeOutcome", "classic_merge", "execute_merge", "insert_only_merge"]
+__all__ = ["classic_merge"]
 
 log = logging.getLogger("delta_merge")
-
-
-@dataclass(frozen=True)
-class MergeOutcome:
-    """What the merge computed: its metrics and the files to remove and add in the commit
-    (``change_files``: the change data files, for ``cdc`` actions; ``readds``: removed files added again
-    with a new deletion vector)."""
-
-    metrics: MergeMetrics
-    removes: tuple[LiveFile, ...]
-    adds: tuple[WrittenFile, ...]
-    read: tuple[LiveFile, ...] = ()
-    change_files: tuple[WrittenFile, ...] = ()
-    readds: tuple[LiveFile, ...] = ()
-
-
-def _elapsed_ms(started: float) -> int:
-    return int((time.monotonic() - started) * 1000)
-
-
-def _count_rows(output: DataFrame) -> dict[int, int]:
-    """Dry run: the rows per action code, computed without writing; a constraint violation still fails."""
-    try:
-        rows = output.groupBy(ACTION_COLUMN).agg(
-            F.count(F.lit(1)).alias("rows"), F.min(VIOLATION_COLUMN).alias("violation")
-        ).collect()
-    except Exception as exc:
-        failure = spark_failure(exc)
-        if failure is None:
-            raise
-        raise failure from exc
-    violation = min((r["violation"] for r in rows if r["violation"] is not None), default=None)
-    if violation is not None:
-        raise ConstraintViolationError.from_text(f"{violation} (found by a dry run; nothing was written)")
-    return {int(r[ACTION_COLUMN]): int(r["rows"]) for r in rows}
-
-
-def _write(
-    spark: SparkSession, output: DataFrame, *, snapshot: TargetSnapshot, plan: MergePlan,
-    target_file_size: int, dry_run: bool, description: str, change_data: bool = False,
-    hidden: tuple[str, ...] = (), marking: bool = False,
-) -> tuple[dict[int, int], tuple[WrittenFile, ...], tuple[WrittenFile, ...], Mapping[str, BitMap64]]:
-    """Write the output; with ``change_data``, also its change rows (``output`` carries preimages);
-    ``hidden`` columns (long) are written to the data files after the table's. With ``marking``, the
-    target rows updated or deleted are marked (``output`` carries their file and row index) and come back
-    by file key, for deletion vectors."""
-    with stage(spark, description):
-        if dry_run:
-            return _count_rows(output), (), (), {}
-        changes: dict[str, Any] = {}
-        if change_data:
-            changes = {
-                "change_types": {int(a): t for a, t in CHANGE_TYPES.items()},
-                "preimage_change_types": {int(a): t for a, t in PREIMAGE_CHANGE_TYPES.items()},
-                "preimage_columns": [f"{PREIMAGE_PREFIX}{i}" for i in range(len(plan.final_schema.fields))],
-            }
-        outcome = write_merge_output(
-            output,
-            table_root=snapshot.table_uri,
-            schema=StructType(plan.final_schema.fields + [StructField(c, LongType()) for c in hidden]),
-            partition_columns=snapshot.partition_columns,
-            hidden_columns=hidden,
-            action_column=ACTION_COLUMN,
-            violation_column=VIOLATION_COLUMN,
-            drop_codes=[int(a) for a in DROPPED_ACTIONS],
-            target_file_size=target_file_size,
-            num_indexed_cols=_num_indexed_cols(snapshot),
-            job_description=description,
-            column_mapping_mode=snapshot.column_mapping_mode,
-            storage_options=snapshot.storage_options,
-            mark_codes=[int(a) for a in MARKED_ACTIONS] if marking else (),
-            mark_columns=(FILE_KEY_COLUMN, ROW_INDEX_COLUMN) if marking else None,
-            **changes,
-        )
-    return dict(outcome.rows_by_code), tuple(outcome.files), outcome.change_files, outcome.marks
-
-
-def _num_indexed_cols(snapshot: TargetSnapshot) -> int:
-    return int(snapshot.configuration.get("delta.dataSkippingNumIndexedCols", "32"))
-
-
-def _row_metrics(counts: Mapping[int, int]) -> dict[str, int]:
-    def n(action: Action) -> int:
-        return int(counts.get(int(action), 0))
-
-    updated_m, updated_s = n(Action.UPDATE_MATCHED), n(Action.UPDATE_NOT_MATCHED_BY_SOURCE)
-    deleted_m, deleted_s = n(Action.DELETE_MATCHED), n(Action.DELETE_NOT_MATCHED_BY_SOURCE)
-    return {
-        "numTargetRowsCopied": n(Action.COPY),
-        "numTargetRowsInserted": n(Action.INSERT),
-        "numTargetRowsUpdated": updated_m + updated_s,
-        "numTargetRowsDeleted": deleted_m + deleted_s,
-        "numTargetRowsMatchedUpdated": updated_m,
-        "numTargetRowsNotMatchedBySourceUpdated": updated_s,
-        "numTargetRowsMatchedDeleted": deleted_m,
-        "numTargetRowsNotMatchedBySourceDeleted": deleted_s,
-        "numOutputRows": n(Action.COPY) + n(Action.INSERT) + updated_m + updated_s,
-    }
-
-
-def _file_metrics(
-    snapshot: TargetSnapshot, candidates: list[LiveFile], removes: tuple[LiveFile, ...],
-    adds: tuple[WrittenFile, ...], change_files: tuple[WrittenFile, ...] = (),
-) -> dict[str, int]:
-    parts = snapshot.partition_columns
-    return {
-        "numTargetChangeFilesAdded": len(change_files),
-        "numTargetChangeFileBytes": sum(f.size for f in change_files),
-        "numTargetFilesBeforeSkipping": len(snapshot.files),
-        "numTargetBytesBeforeSkipping": sum(f.size for f in snapshot.files),
-        "numTargetFilesAfterSkipping": len(candidates),
-        "numTargetBytesAfterSkipping": sum(f.size for f in candidates),
-        "numTargetPartitionsAfterSkipping": partition_count(candidates, parts),
-        "numTargetFilesRemoved": len(removes),
-        "numTargetBytesRemoved": sum(f.size for f in removes),
-        "numTargetPartitionsRemovedFrom": partition_count(removes, parts),
-        "numTargetFilesAdded": len(adds),
-        "numTargetBytesAdded": sum(f.size for f in adds),
-        "numTargetPartitionsAddedTo": len({tuple(sorted(f.partition_values.items())) for f in adds})
-        if parts else 0,
-    }
-
-
-def execute_merge(
-    spark: SparkSession, source: DataFrame, *, snapshot: TargetSnapshot, plan: MergePlan,
-    target_file_size: int, dry_run: bool, broadcast_source: bool = False, source_row_id: str | None = None,
-) -> MergeOutcome:
-    """Compute the merge's new files and metrics; nothing is committed here.
-
-    :param broadcast_source: the source is small enough to broadcast into its inner joins with the
-        target's rows (finding touched files, and merge-on-read's changed rows), whatever Spark estimates.
-    :param source_row_id: the source's row id column (a materialized source has one, the same in every
-        scan of it), or None.
-    """
-    candidates = prune_files(
-        spark, snapshot, snapshot.files, predicates=plan.target_only_predicates,
-        target_alias=plan.target_alias,
-    )
-    constraints = table_constraints(snapshot)
-    joinable = joinable_files(spark, source, snapshot=snapshot, plan=plan, files=candidates)
-    log.info("%d of %d candidate files may hold keys of the source", len(joinable), len(candidates))
-    if plan.parsed.is_insert_only:
-        return insert_only_merge(spark, source, snapshot=snapshot, plan=plan, candidates=candidates,
-                            constraints=constraints, target_file_size=target_file_size, dry_run=dry_run,
-                            joinable=joinable)
-    return classic_merge(spark, source, snapshot=snapshot, plan=plan, candidates=candidates,
-                    constraints=constraints, target_file_size=target_file_size, dry_run=dry_run,
-                    broadcast_source=broadcast_source, source_row_id=source_row_id, joinable=joinable)
-
-
-def insert_only_merge(
-    spark: SparkSession, source: DataFrame, *, snapshot: TargetSnapshot, plan: MergePlan,
-    candidates: list[LiveFile], constraints: TableConstraints, target_file_size: int, dry_run: bool,
-    joinable: list[LiveFile] | None = None,
-) -> MergeOutcome:
-    """Append the source rows that match no target row (:param joinable: the candidates the source's
-    keys may match, default all)."""
-    check_writable(snapshot, removes_files=False)
-    started = time.monotonic()
-    source, source_rows = counted(source, "merge_source_rows")
-    joinable = candidates if joinable is None else joinable
-    target = scan_files(spark, snapshot, joinable) if joinable else None
-    output = insert_only_output(source, target, plan=plan, constraints=constraints)
-    # As Delta's InsertOnlyMergeExecutor, even with the change data feed on: no change data files, since
-    # readers take the adds of a version without cdc actions as its inserts.
-    counts, adds, _, _ = _write(
-        spark, output, snapshot=snapshot, plan=plan, target_file_size=target_file_size, dry_run=dry_run,
-        description="MERGE operation - writing new files for only inserts",
-    )
-    values: dict[str, Any] = {
-        **_row_metrics(counts), **_file_metrics(snapshot, candidates, (), adds),
-        "numSourceRows": source_rows(), "rewriteTimeMs": _elapsed_ms(started),
-    }
-    return MergeOutcome(MergeMetrics(**values), (), adds, tuple(candidates))
 
 
 def _matched_changes(
@@ -254,7 +70,6 @@ def _matched_changes(
     return matched_output(joined, plan=plan, constraints=constraints,
                           change_data=change_data_feed_enabled(snapshot),
                           carried=(*carried, *marks, *extra, *source_ids))  # fmt: skip
-
 
 def _marked_rows_and_inserts(
     spark: SparkSession, source: DataFrame, uncounted_source: DataFrame, *, snapshot: TargetSnapshot,
@@ -308,7 +123,6 @@ def _marked_rows_and_inserts(
         output = output.hint("rebalance")
     return output
 
-
 def classic_merge(
     spark: SparkSession, source: DataFrame, *, snapshot: TargetSnapshot, plan: MergePlan,
     candidates: list[LiveFile], constraints: TableConstraints, target_file_size: int, dry_run: bool,
@@ -317,7 +131,7 @@ def classic_merge(
     """Rewrite (or mark rows of) the touched files and write the inserts (:param joinable: the candidates
     the source's keys may match, default all: the join reads only these)."""
     joinable = candidates if joinable is None else joinable
-    by_key = {file_key(snapshot, f): f for f in candidates}
+    by_key = {snapshot.file_key(f): f for f in candidates}
     started = time.monotonic()
     # Merge-on-read without NOT MATCHED BY SOURCE clauses changes only target rows the source matches:
     # the rows this scan joins are all it needs of the target, with the stable row ids of row tracking.
@@ -343,11 +157,10 @@ def classic_merge(
         return _classic_merge_of_touched(
             spark, source, snapshot=snapshot, plan=plan, candidates=candidates, constraints=constraints,
             target_file_size=target_file_size, dry_run=dry_run, broadcast_source=broadcast_source,
-            touched=touched, scan_ms=_elapsed_ms(started), source_row_id=source_row_id,
+            touched=touched, scan_ms=elapsed_ms(started), source_row_id=source_row_id,
         )
     finally:
         touched.release()
-
 
 def _classic_merge_of_touched(
     spark: SparkSession, source: DataFrame, *, snapshot: TargetSnapshot, plan: MergePlan,
@@ -356,7 +169,7 @@ def _classic_merge_of_touched(
 ) -> MergeOutcome:
     """:func:`classic_merge` once the touched files are known (``source_row_id``: the source's row id
     column, or None)."""
-    by_key = {file_key(snapshot, f): f for f in candidates}
+    by_key = {snapshot.file_key(f): f for f in candidates}
     unknown = sorted(touched.file_keys - by_key.keys())
     if unknown:
         raise MergeExecutionError(
@@ -418,7 +231,7 @@ def _classic_merge_of_touched(
         description = (f"MERGE operation - writing changed rows of {len(removes)} files with deletion vectors"
                        if marking else f"MERGE operation - writing changed rows of {len(removes)} files"
                        if copying else f"MERGE operation - Rewriting {len(removes)} files")  # fmt: skip
-        counts, adds, change_files, marks = _write(
+        counts, adds, change_files, marks = write_output(
             spark, output, snapshot=snapshot, plan=plan, target_file_size=target_file_size, dry_run=dry_run,
             description=description, change_data=change_data, hidden=hidden, marking=marking or copying,
         )
@@ -464,9 +277,9 @@ def _classic_merge_of_touched(
     still_live = {f.path for f in readds}
     emptied = tuple(f for f in removes if f.path not in still_live)
     values: dict[str, Any] = {
-        **_row_metrics(counts), **_file_metrics(snapshot, candidates, emptied, adds, change_files),
+        **row_metrics(counts), **file_metrics(snapshot, candidates, emptied, adds, change_files),
         **dv_metrics,
         "numSourceRows": touched.num_source_rows, "numSourceRowsInSecondScan": second_scan,
-        "scanTimeMs": scan_ms, "rewriteTimeMs": _elapsed_ms(started),
+        "scanTimeMs": scan_ms, "rewriteTimeMs": elapsed_ms(started),
     }
     return MergeOutcome(MergeMetrics(**values), removes, adds, tuple(candidates), change_files, readds)
