@@ -47,7 +47,8 @@ from spark_jobs.delta_merge.write.merge_output import (
     arrow_schema,
     write_merge_output,
 )
-from spark_jobs.delta_merge.write.write_task import WriteTaskPlan, write_task
+from spark_jobs.delta_merge.write.task_plan import WriteTaskPlan
+from spark_jobs.delta_merge.write.write_task import write_task
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

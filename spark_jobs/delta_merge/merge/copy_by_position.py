@@ -38,19 +38,16 @@ from spark_jobs.delta_merge.protocol.table_features import TableConstraints
 from spark_jobs.delta_merge.scan.arrow_scan import FileScan, file_scan, read_file
 from spark_jobs.delta_merge.spark_confs import size_conf
 from spark_jobs.delta_merge.storage.arrow_store import arrow_file_path, arrow_filesystem
+from spark_jobs.delta_merge.write.conform import conform_batch
 from spark_jobs.delta_merge.write.merge_output import (
     data_file_plan,
     failure_summary,
     task_violation,
     written_file,
 )
-from spark_jobs.delta_merge.write.write_task import (
-    RESULT_ARROW_SCHEMA,
-    RESULT_SCHEMA,
-    TaskWriter,
-    WriteTaskPlan,
-    conform_batch,
-)
+from spark_jobs.delta_merge.write.task_plan import WriteTaskPlan
+from spark_jobs.delta_merge.write.task_writer import TaskWriter
+from spark_jobs.delta_merge.write.write_task import RESULT_ARROW_SCHEMA, RESULT_SCHEMA
 
 if TYPE_CHECKING:
     from spark_jobs.delta_merge.protocol.snapshot import TargetSnapshot

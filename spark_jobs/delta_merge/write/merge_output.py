@@ -28,13 +28,8 @@ from spark_jobs.delta_merge.protocol.column_mapping import (
 from spark_jobs.delta_merge.protocol.delta_schema import arrow_schema
 from spark_jobs.delta_merge.protocol.file_stats import DEFAULT_NUM_INDEXED_COLS, indexed_leaves
 from spark_jobs.delta_merge.protocol.files import WrittenFile
-from spark_jobs.delta_merge.write.write_task import (
-    RESULT_SCHEMA,
-    VIOLATION_MARKER,
-    WriteTaskPlan,
-    write_empty_file,
-    write_task,
-)
+from spark_jobs.delta_merge.write.task_plan import VIOLATION_MARKER, WriteTaskPlan
+from spark_jobs.delta_merge.write.write_task import RESULT_SCHEMA, write_empty_file, write_task
 
 __all__ = [
     "MergeOutputPlan",
