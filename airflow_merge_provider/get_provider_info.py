@@ -12,7 +12,7 @@ PACKAGE_NAME = "airflow-merge-provider"
 INTEGRATION_NAME = "Delta Lake MERGE on Spark"
 
 # Modules Airflow lists for this provider, by kind. Name a module here only once it exists: Airflow imports
-# each one when it builds its lists (tests/test_packaging.py imports them all, without Spark).
+# each one when it builds its lists (tests/unit/test_packaging.py imports them all, without Spark).
 _OPERATOR_MODULES: tuple[str, ...] = (
     "airflow_merge_provider.operators.merge_into",
     "airflow_merge_provider.operators.merge_metrics_branch",

@@ -48,8 +48,8 @@ import pyarrow.parquet as pq
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.spark_jobs.submit_harness import METRICS_PREFIX, PYTHON, SPARK_SUBMIT, submit_env  # noqa: E402
-from tests.standalone_cluster import StandaloneCluster  # noqa: E402
+from tests.support.standalone_cluster import StandaloneCluster  # noqa: E402
+from tests.support.submit_harness import METRICS_PREFIX, PYTHON, SPARK_SUBMIT, submit_env  # noqa: E402
 
 JOB = ROOT / "spark_jobs" / "delta_merge" / "__main__.py"
 UPSERT = "MERGE INTO t USING s ON t.id = s.id WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *"

@@ -1,4 +1,11 @@
-"""Shared fixtures: one local SparkSession and one standalone cluster per test session, temp table roots."""
+"""Shared fixtures (one local SparkSession and one standalone cluster per test session, temp table roots),
+and the test tiers: each test is marked by what it uses, and a fast test cannot start a JVM or a server.
+
+- ``spark``: the test uses the shared SparkSession (the ``spark`` fixture, directly or through another).
+- ``integration``: the test lives under ``tests/integration/`` (real spark-submit, the airflow CLI, an
+  Airflow deployment, object-store servers) or uses a fixture that starts a server or a cluster.
+- the rest is the fast tier (``scripts/test --fast``): no JVM, no server, no ``airflow`` process.
+"""
 
 from __future__ import annotations
 
@@ -15,10 +22,12 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+pytest_plugins = ["tests.support.airflow_fixtures", "tests.support.object_store_fixtures"]
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from tests.standalone_cluster import StandaloneCluster
+    from tests.support.standalone_cluster import StandaloneCluster
 
 
 def _spark_builder() -> Any:
@@ -55,7 +64,7 @@ def spark() -> Iterator[SparkSession]:
 def standalone_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneCluster]:
     """One Spark standalone master with two workers for the test session's cluster tests (three JVM
     daemons: started once). A test that kills a worker starts a replacement before it returns."""
-    from tests.standalone_cluster import StandaloneCluster
+    from tests.support.standalone_cluster import StandaloneCluster
 
     with StandaloneCluster(tmp_path_factory.mktemp("standalone")) as cluster:
         yield cluster
@@ -87,3 +96,65 @@ def copy_by_position(spark: SparkSession) -> Iterator[None]:
     spark.conf.set(COPY_BY_POSITION_CONF, "0")
     yield
     spark.conf.unset(COPY_BY_POSITION_CONF)
+
+
+# -- test tiers ----------------------------------------------------------------------------------------
+
+INTEGRATION_DIR = ROOT / "tests" / "integration"
+SPARK_FIXTURES = frozenset({"spark"})
+# Fixtures that start a server, a cluster or an Airflow metadata database.
+INTEGRATION_FIXTURES = frozenset({"standalone_cluster", "s3_server", "azurite", "airflow_home"})
+# Programs a fast test must not start: a JVM (Spark) or a server. A fake spark-submit (a Python script)
+# and the Python interpreter itself are fine.
+_HEAVY_PROGRAMS = frozenset({
+    "java", "spark-submit", "spark-class", "pyspark", "airflow", "moto_server", "azurite", "azurite-blob",
+    "postgres", "pg_ctl", "initdb", "node", "npm", "docker",
+})  # fmt: skip
+
+
+def tiers_of(item: pytest.Item) -> set[str]:
+    """The markers a test gets from where it lives and the fixtures it uses."""
+    fixtures = set(getattr(item, "fixturenames", ()))
+    tiers = set()
+    if fixtures & SPARK_FIXTURES:
+        tiers.add("spark")
+    if fixtures & INTEGRATION_FIXTURES or INTEGRATION_DIR in Path(str(item.path)).parents:
+        tiers.add("integration")
+    return tiers
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        for tier in sorted(tiers_of(item)):
+            item.add_marker(tier)
+
+
+@pytest.fixture(autouse=True)
+def _fast_tests_start_no_jvm_and_no_server(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test without a tier marker runs in the fast tier: it fails if it starts a JVM or a server, so a
+    test that needs one must say so through its fixtures or its place under tests/integration/."""
+    if request.node.get_closest_marker("spark") or request.node.get_closest_marker("integration"):
+        yield
+        return
+    import subprocess
+
+    real_init = subprocess.Popen.__init__
+    # Stand-ins a test writes into its own temp directory (a fake spark-submit) are no JVM.
+    fakes = str(request.getfixturevalue("tmp_path_factory").getbasetemp())
+
+    def refusing_init(self: subprocess.Popen[Any], args: Any, *rest: Any, **kwargs: Any) -> None:
+        program = os.fsdecode(args if isinstance(args, (str, bytes, os.PathLike)) else args[0])
+        name = os.path.basename(program).split()[0] if program else ""
+        if name in _HEAVY_PROGRAMS and not os.path.abspath(program).startswith(fakes):
+            raise AssertionError(
+                f"{request.node.nodeid} starts {name!r} but is in the fast tier: use the spark fixture, a "
+                "server fixture, or move it under tests/integration/"
+            )
+        real_init(self, args, *rest, **kwargs)
+
+    subprocess.Popen.__init__ = refusing_init  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        subprocess.Popen.__init__ = real_init  # type: ignore[method-assign]
+
