@@ -21,7 +21,7 @@ def test_every_collected_test_carries_the_markers_of_what_it_uses(request: pytes
             wrong.append(f"{item.nodeid}: uses the SparkSession, not marked spark")
         integration = fixtures & INTEGRATION_FIXTURES or INTEGRATION_DIR in Path(str(item.path)).parents
         if integration and "integration" not in markers:
-            wrong.append(f"{item.nodeid}: starts a server or lives in tests/integration, not marked integration")
+            wrong.append(f"{item.nodeid}: starts a server or is under tests/integration, not integration")
     assert wrong == []
     assert request.node.get_closest_marker("spark") is None  # this test itself is in the fast tier
 
