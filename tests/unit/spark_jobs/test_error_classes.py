@@ -8,11 +8,9 @@ has_a_row`` keeps the list complete: any class the job's source names must have 
 
 from __future__ import annotations
 
-import ast
 import json
-import re
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +30,7 @@ from spark_jobs.delta_merge.protocol.files import WrittenFile
 from spark_jobs.delta_merge.protocol.snapshot import TableProtocol, TargetSnapshot, load_snapshot
 from spark_jobs.delta_merge.protocol.table_features import check_writable, table_constraints
 from spark_jobs.delta_merge.spec import MergeSpec
+from tests.support.error_classes import error_classes_named_in
 
 ROOT = Path(__file__).resolve().parents[3]
 JOB_SOURCE = ROOT / "spark_jobs"
@@ -482,45 +481,6 @@ def test_rows_are_unique_and_carry_text() -> None:
 
 
 # -- the list is complete ---------------------------------------------------------------------------------
-_CLASS = re.compile(r"^[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+(?:\.[A-Z0-9_]+)*$")
-_BRACKETED = re.compile(r"\[(DELTA_[A-Z0-9_]+(?:\.[A-Z0-9_]+)*)\]")
-
-
-def _strings(node: ast.AST) -> Iterator[str]:
-    return (n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str))
-
-
-def error_classes_named_in(source: str) -> set[str]:
-    """The error classes a module names: ``error_class=`` arguments (literals, or the strings the names
-    they use are bound to in the module), ``"DELTA_..."`` literals, and ``[DELTA_...]`` inside strings.
-    Docstrings and ``__all__`` are not looked at."""
-    tree = ast.parse(source)
-    skipped: set[int] = set()
-    bound: dict[str, list[ast.expr]] = {}
-    for node in ast.walk(tree):
-        body = getattr(node, "body", None)
-        if isinstance(body, list) and body and isinstance(body[0], ast.Expr):
-            skipped.add(id(body[0].value))  # a docstring
-        if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            for target in targets:
-                if isinstance(target, ast.Name):
-                    bound.setdefault(target.id, []).append(node.value)
-                    if target.id == "__all__":
-                        skipped.update(id(n) for n in ast.walk(node.value))
-    found: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skipped:
-            if node.value.startswith("DELTA_") and _CLASS.match(node.value):
-                found.add(node.value)
-            found.update(_BRACKETED.findall(node.value))
-        if isinstance(node, ast.keyword) and node.arg == "error_class":
-            names = [n.id for n in ast.walk(node.value) if isinstance(n, ast.Name)]
-            values = [node.value, *(value for name in names for value in bound.get(name, []))]
-            found.update(s for value in values for s in _strings(value) if _CLASS.match(s))
-    return found
-
-
 def test_every_error_class_in_the_job_has_a_row() -> None:
     named = {path.relative_to(ROOT).as_posix(): error_classes_named_in(path.read_text(encoding="utf-8"))
              for path in sorted(JOB_SOURCE.rglob("*.py"))}
