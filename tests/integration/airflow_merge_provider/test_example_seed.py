@@ -10,7 +10,8 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from tests.support.airflow_fixtures import EXAMPLES, AirflowHome, make_airflow_home
+from tests.integration.airflow_merge_provider.test_integration import _asset_events, _txns
+from tests.support.airflow_fixtures import EXAMPLES, AirflowHome
 from tests.support.delta_reader import read_rows
 
 
@@ -42,13 +43,6 @@ def _run(home: AirflowHome, dag_id: str, logical_date: str) -> None:
     assert result.returncode == 0, f"airflow dags test failed, see {log}:\n{result.stderr[-4000:]}"
 
 
-@pytest.fixture
-def seed_home(tmp_path: Path) -> AirflowHome:
-    """An Airflow of its own: the seed writes the accounts table that test_integration's upsert test writes
-    itself, and the upsert run here must not add a second XCom to that test's metadata DB."""
-    return make_airflow_home(tmp_path / "airflow")
-
-
 @pytest.fixture(scope="module")
 def example_dags() -> Any:
     from airflow.dag_processing.dagbag import DagBag
@@ -57,8 +51,9 @@ def example_dags() -> Any:
 
 
 def test_seeded_data_lets_the_upsert_example_merge_and_reseeding_keeps_the_table(
-    seed_home: AirflowHome, example_dags: Any
+    airflow_home: AirflowHome, example_dags: Any
 ) -> None:
+    seed_home = airflow_home
     _run(seed_home, "merge_examples_seed", "2024-01-01")
 
     accounts = seed_home.data / "accounts"
@@ -86,6 +81,12 @@ def test_seeded_data_lets_the_upsert_example_merge_and_reseeding_keeps_the_table
         "numTargetRowsDeleted": 0, "numTargetFilesRemoved": 2, "tableVersion": 4,
     }  # fmt: skip
     assert {name: metrics[name] for name in expected} == expected
+    assert (metrics["skipped"], metrics["dryRun"], metrics["readVersion"]) == (False, False, 3)
+    # The commit carries the merge's identity, and the asset event its metrics.
+    assert metrics["appId"].startswith("airflow:merge_upsert_daily.upsert_accounts:")
+    assert _txns(str(accounts)) == [(4, metrics["appId"], metrics["appVersion"])]
+    events = _asset_events(seed_home, f"file://{accounts}")
+    assert events == [{"task_id": "upsert_accounts", "extra": metrics}]
     balances = dict(read_rows(accounts, columns=["id", "balance"]))
     assert len(balances) == 1010
     # Account 1 updated by the first day, 2 untouched, 1001 new.

@@ -16,11 +16,8 @@ from deltalake import write_deltalake
 from spark_jobs.delta_merge.metrics import DELTA_METRIC_NAMES, MergeMetrics
 from spark_jobs.delta_merge.protocol.delta_log import read_commit_info
 from tests.support.delta_reader import read_rows, table_version
+from tests.support.submit_harness import FAST_START, PYTHON, ROOT, SPARK_SUBMIT
 
-ROOT = Path(__file__).resolve().parents[3]
-VENV_BIN = ROOT / ".venv" / "bin"
-SPARK_SUBMIT = VENV_BIN / "spark-submit"
-PYTHON = VENV_BIN / "python"
 PREFIX = "MERGE_METRICS_JSON="
 KV = pa.schema([("id", pa.int64()), ("v", pa.string())])
 
@@ -45,10 +42,8 @@ def spec(target: Path, source: Path, sql: str) -> dict[str, Any]:
 def submit(*args: str) -> subprocess.CompletedProcess[str]:
     assert SPARK_SUBMIT.is_file(), SPARK_SUBMIT
     env = {**os.environ, "PYSPARK_PYTHON": str(PYTHON), "PYSPARK_DRIVER_PYTHON": str(PYTHON)}
-    command = [
-        str(SPARK_SUBMIT), "--master", "local[1]", "--conf", "spark.ui.enabled=false",
-        "spark_jobs/delta_merge/__main__.py", *args,
-    ]
+    confs = [arg for key, value in FAST_START.items() for arg in ("--conf", f"{key}={value}")]
+    command = [str(SPARK_SUBMIT), "--master", "local[1]", *confs, "spark_jobs/delta_merge/__main__.py", *args]
     return subprocess.run(
         command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
 
@@ -98,16 +93,3 @@ def test_failing_merge_exits_non_zero_with_the_cause_last_on_stderr(tables: tupl
     assert "cannot resolve nope in UPDATE clause given columns t.id, t.v" in last
     assert "Traceback" not in result.stdout + result.stderr
     assert table_version(target) == 0
-
-
-def test_spec_json_argument(tables: tuple[Path, Path]) -> None:
-    target, source = tables
-    insert_only = spec(target, source, "MERGE INTO t USING s ON t.id = s.id WHEN NOT MATCHED THEN INSERT *")
-
-    result = submit("--spec-json", json.dumps(insert_only))
-
-    assert result.returncode == 0, result.stderr[-3000:]
-    metrics = metrics_line(result)
-    assert metrics["numTargetRowsInserted"] == 1
-    assert metrics["materializeSourceReason"] == "NOT_MATERIALIZED_AUTO_INSERT_ONLY"
-    assert sorted(map(tuple, read_rows(target))) == [(1, "a"), (2, "b"), (3, "C")]
