@@ -3,6 +3,7 @@ DuckDB's Delta extension (delta-kernel-rs), as every Delta reader must be able t
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -40,15 +41,22 @@ def table_version(path: str | Path) -> int:
 
 def read_rows_with_kernel(path: str | Path, *, columns: list[str] | None = None) -> list[list[Any]]:
     """Rows as :func:`read_rows` gives them, through DuckDB's Delta extension (a delta-kernel reader)."""
+    with _kernel_reader().cursor() as cursor:  # a cursor each: the database and its extension are shared
+        table = cursor.sql(f"SELECT * FROM delta_scan('{Path(path).resolve()}')").to_arrow_table()
+    names = columns or table.column_names
+    data = table.select(names).to_pylist()
+    return [[row[n] for n in names] for row in data]
+
+
+@functools.cache
+def _kernel_reader() -> Any:
+    """One in-memory DuckDB with the Delta extension loaded, for the whole test session: loading it takes
+    a third of a second, a scan then takes milliseconds (each scan reads the table's latest snapshot)."""
     import duckdb
     import duckdb_extension_delta
 
     # The wheel ships the extension: load it by path, since `LOAD delta` would try to download it.
     extension = next(Path(duckdb_extension_delta.__file__).parent.glob("extensions/*/delta.duckdb_extension"))
-    with duckdb.connect() as connection:
-        connection.execute(f"LOAD '{extension}'")
-        relation = connection.sql(f"SELECT * FROM delta_scan('{Path(path).resolve()}')")
-        table = relation.to_arrow_table()
-    names = columns or table.column_names
-    data = table.select(names).to_pylist()
-    return [[row[n] for n in names] for row in data]
+    connection = duckdb.connect()
+    connection.execute(f"LOAD '{extension}'")
+    return connection
