@@ -123,10 +123,19 @@ def tiers_of(item: pytest.Item) -> set[str]:
     return tiers
 
 
+# Under pytest-xdist (scripts/test runs two workers, one a core), the tests of the session-wide servers and
+# cluster run on one worker, so that each is started once per run; every other test goes to whichever
+# worker is free. Each worker that runs a Spark test has the one SparkSession of its own test session.
+SHARED_SERVER_FIXTURES = frozenset({"standalone_cluster", "s3_server", "azurite"})
+SHARED_SERVERS_GROUP = "shared-servers"
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         for tier in sorted(tiers_of(item)):
             item.add_marker(tier)
+        if set(getattr(item, "fixturenames", ())) & SHARED_SERVER_FIXTURES:
+            item.add_marker(pytest.mark.xdist_group(SHARED_SERVERS_GROUP))
 
 
 @pytest.fixture(autouse=True)

@@ -9,7 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import INTEGRATION_DIR, INTEGRATION_FIXTURES, SPARK_FIXTURES
+from tests.conftest import (
+    INTEGRATION_DIR,
+    INTEGRATION_FIXTURES,
+    SHARED_SERVER_FIXTURES,
+    SHARED_SERVERS_GROUP,
+    SPARK_FIXTURES,
+)
 
 
 def test_every_collected_test_carries_the_markers_of_what_it_uses(request: pytest.FixtureRequest) -> None:
@@ -22,6 +28,9 @@ def test_every_collected_test_carries_the_markers_of_what_it_uses(request: pytes
         integration = fixtures & INTEGRATION_FIXTURES or INTEGRATION_DIR in Path(str(item.path)).parents
         if integration and "integration" not in markers:
             wrong.append(f"{item.nodeid}: starts a server or is under tests/integration, not integration")
+        groups = [m.args[0] for m in item.iter_markers("xdist_group")]
+        if fixtures & SHARED_SERVER_FIXTURES and groups != [SHARED_SERVERS_GROUP]:
+            wrong.append(f"{item.nodeid}: uses a shared server outside the {SHARED_SERVERS_GROUP} group")
     assert wrong == []
     assert request.node.get_closest_marker("spark") is None  # this test itself is in the fast tier
 
