@@ -2,8 +2,9 @@
 # Prerequisites and virtualenv for scripts/test and scripts/run-example.
 #
 # Sourced by those scripts: checks Python 3.10+ and Java 17+, creates .venv in the repository root when it is
-# missing, installs the project into it with `pip install -e '.[dev]'` (again only when pyproject.toml
-# changed), then puts .venv/bin first on PATH and points PYSPARK_PYTHON at the venv's python.
+# missing, installs the project into it with `pip install -e .` (`.[dev]` for scripts/test, which sets
+# AMP_EXTRAS=dev; again only when pyproject.toml changed), then puts .venv/bin first on PATH and points
+# PYSPARK_PYTHON at the venv's python.
 # Run directly: `scripts/bootstrap.sh` does the same; `scripts/bootstrap.sh --check` only checks.
 # PYTHON=/path/to/python3.x picks the interpreter the virtualenv is created from.
 #
@@ -158,24 +159,32 @@ amp_ensure_venv() {
 }
 
 # Installs the project into the venv unless it was installed from this checkout's pyproject.toml already.
+# AMP_EXTRAS names the extras to install with it: scripts/test sets `dev` (linters, docs, test servers);
+# the example needs none. A venv installed with the dev extras serves both.
 amp_install() {
-  local stamp_file=$AMP_REPO_ROOT/.venv/.airflow-merge-provider-install stamp
+  local stamp_file=$AMP_REPO_ROOT/.venv/.airflow-merge-provider-install stamp installed
+  local extras=${AMP_EXTRAS:-} target=.
+  [[ -n $extras ]] && target=".[$extras]"
   stamp=$("$AMP_VENV_PYTHON" -c 'import hashlib, sys; print(hashlib.sha256(open(sys.argv[1], "rb").read()).hexdigest(), sys.argv[2])' \
     "$AMP_REPO_ROOT/pyproject.toml" "$AMP_REPO_ROOT") || amp_die "could not read $AMP_REPO_ROOT/pyproject.toml"
-  if [[ -f $stamp_file && $(<"$stamp_file") == "$stamp" ]]; then
-    return 0
+  if [[ -f $stamp_file ]]; then
+    installed=$(<"$stamp_file")
+    if [[ $installed == "$stamp [$extras]" || $installed == "$stamp [dev]" ]]; then
+      return 0
+    fi
   fi
-  printf "bootstrap: installing the project into .venv (pip install -e '.[dev]'; the first time takes a few minutes)\n" >&2
-  # Not --quiet: on a fresh machine this downloads ~430 MB, and pip's Collecting/Downloading/Installing lines
-  # are the only sign of progress. --progress-bar off: pip's bars draw nothing useful into a pipe or CI log.
-  # The -W filter drops setuptools' informational "Editable installation." banner (about shadowing folders in
-  # the working directory), which pip re-raises as a warning on every editable install; errors still show.
+  printf "bootstrap: installing the project into .venv (pip install -e '%s'; the first time takes a few minutes)\n" "$target" >&2
+  # Not --quiet: on a fresh machine this downloads a few hundred MB, and pip's Collecting/Downloading/Installing
+  # lines are the only sign of progress. --progress-bar off: pip's bars draw nothing useful into a pipe or CI
+  # log. The -W filter drops setuptools' informational "Editable installation." banner (about shadowing
+  # folders in the working directory), which pip re-raises as a warning on every editable install; errors
+  # still show.
   (cd "$AMP_REPO_ROOT" && amp_watch "installing the project into .venv" \
     "$AMP_VENV_PYTHON" -W 'ignore:Editable installation:UserWarning' -m pip install \
-    --disable-pip-version-check --progress-bar off -e '.[dev]') ||
-    amp_die "pip install -e '.[dev]' failed (see pip's output above)"
+    --disable-pip-version-check --progress-bar off -e "$target") ||
+    amp_die "pip install -e '$target' failed (see pip's output above)"
   printf 'bootstrap: installed the project into .venv\n' >&2
-  printf '%s\n' "$stamp" >"$stamp_file"
+  printf '%s [%s]\n' "$stamp" "$extras" >"$stamp_file"
 }
 
 amp_bootstrap() {
