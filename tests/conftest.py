@@ -43,6 +43,9 @@ def _spark_builder() -> Any:
         .config("spark.driver.memory", "2g")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.python.worker.reuse", "true")
+        # Test data is tiny: compiling generated code for each new query costs more than it saves.
+        .config("spark.sql.codegen.wholeStage", "false")
+        .config("spark.sql.codegen.factoryMode", "NO_CODEGEN")
     )
 
 

@@ -404,7 +404,8 @@ def test_readme_main_command_runs_in_a_fresh_clone(
     venv = clone / ".venv"
     assert (venv / "pyvenv.cfg").is_file()
     stamp = (venv / ".airflow-merge-provider-install").read_text(encoding="utf-8").split()
-    assert stamp[1:] == [str(clone)], f"install stamp {stamp} does not name the clone"
+    # The example needs the project alone: no extra installed (scripts/test adds the dev extra).
+    assert stamp[1:] == [str(clone), "[]"], f"install stamp {stamp} does not name the clone"
     installed_from = _python_in(
         clone, env, "import airflow_merge_provider, spark_jobs; print(airflow_merge_provider.__file__); "
         "print(spark_jobs.__file__)",
