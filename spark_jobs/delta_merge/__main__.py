@@ -67,8 +67,9 @@ def main(argv: list[str] | None = None) -> int:
 
         from spark_jobs.delta_merge.pipeline import run_merge
 
-        spark = SparkSession.builder.appName(f"delta-merge {spec.target.uri}").getOrCreate()
-        spark.sparkContext.setLogLevel("WARN")
+        # spark.log.level: Spark's log level from the context's start (a submitted conf still wins).
+        builder = SparkSession.builder.appName(f"delta-merge {spec.target.uri}")
+        spark = builder.config("spark.log.level", "WARN").getOrCreate()
         metrics = run_merge(spark, spec)
         print(metrics_line(metrics.to_dict()), flush=True)
     except MergeJobError as exc:

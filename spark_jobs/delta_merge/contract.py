@@ -13,13 +13,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from spark_jobs.delta_merge.errors import DETERMINISTIC_ERRORS, MergeJobError, MergeSpecError
+from spark_jobs.delta_merge.errors import DETERMINISTIC_ERRORS, MergeJobError, MergeSpecError, spark_failure
 from spark_jobs.delta_merge.expectations import failed_expectations
 from spark_jobs.delta_merge.metrics import DELTA_METRIC_NAMES, MergeMetrics
 from spark_jobs.delta_merge.protocol.commit_info import MERGE_ENGINE, MERGE_OPERATION
 from spark_jobs.delta_merge.storage.storage_secrets import is_secret_option
 
 if TYPE_CHECKING:
+    from spark_jobs.delta_merge.pipeline import run_merge
     from spark_jobs.delta_merge.spec import MergeSpec
 
 __all__ = [
@@ -46,6 +47,8 @@ __all__ = [
     "parse_failure_line",
     "parse_metrics_line",
     "read_commit_actions",
+    "run_merge",
+    "spark_failure",
 ]
 
 # The driver prints the metrics as one stdout line: METRICS_PREFIX + JSON.
@@ -178,4 +181,9 @@ def __getattr__(name: str) -> Any:
         from spark_jobs.delta_merge.spec import MergeSpec
 
         return MergeSpec
+    # The merge itself (pyspark, deltalake): only when a task merges on Spark Connect.
+    if name == "run_merge":
+        from spark_jobs.delta_merge.pipeline import run_merge
+
+        return run_merge
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -80,9 +80,8 @@ class MergeMetrics:
     tableVersion: int = -1
     skipped: bool = False
     dryRun: bool = False
-    # What the merge cost its Spark session (not in the Delta log): its Spark jobs, and the milliseconds
-    # of each stage by the name its Spark jobs carry (for a merge that was skipped, none).
-    numSparkJobs: int = 0
+    # What the merge cost its Spark session (not in the Delta log): the milliseconds of each stage, by
+    # Delta's name for the stage (for a merge that was skipped, none).
     stageTimesMs: Mapping[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -92,8 +91,7 @@ class MergeMetrics:
     def operation_metrics(self) -> dict[str, int]:
         """The counts and times Delta records in ``commitInfo.operationMetrics`` (the commit writes them
         as Delta's strings)."""
-        skip = {"materializeSourceReason", "readVersion", "tableVersion", "skipped", "dryRun", "numSparkJobs",
-                "stageTimesMs"}
+        skip = {"materializeSourceReason", "readVersion", "tableVersion", "skipped", "dryRun", "stageTimesMs"}
         return {f.name: int(getattr(self, f.name)) for f in fields(self) if f.name not in skip}
 
     def with_values(self, **values: Any) -> MergeMetrics:

@@ -20,6 +20,7 @@ from spark_jobs.delta_merge.merge.execute import execute_merge
 from spark_jobs.delta_merge.metrics import MergeMetrics
 from spark_jobs.delta_merge.protocol.column_mapping import map_new_fields
 from spark_jobs.delta_merge.protocol.snapshot import TargetSnapshot, load_snapshot
+from spark_jobs.delta_merge.session_facts import default_parallelism
 from spark_jobs.delta_merge.source.materialize import (
     MATERIALIZE_MAX_ATTEMPTS,
     MaterializedSourceLostError,
@@ -55,7 +56,7 @@ def session_confs(spark: SparkSession, confs: Mapping[str, str]) -> Iterator[Non
 
 
 def _merge_confs(spark: SparkSession, spec: MergeSpec) -> dict[str, str]:
-    partitions = spec.options.shuffle_partitions or max(2, spark.sparkContext.defaultParallelism)
+    partitions = spec.options.shuffle_partitions or max(2, default_parallelism(spark))
     confs = {
         "spark.sql.shuffle.partitions": str(partitions),
         "spark.sql.adaptive.enabled": "true",
@@ -104,10 +105,9 @@ def run_merge(spark: SparkSession, spec: MergeSpec | Mapping[str, Any]) -> Merge
         for attempt in range(1, MATERIALIZE_MAX_ATTEMPTS + 1):
             try:
                 metrics = _run_attempt(spark, spec, parsed, started=started, attempt=attempt)
-                spark_jobs = cost.spark_jobs(spark)
-                log.info("MERGE ran %d Spark jobs; stages (ms): %s", spark_jobs,
-                         ", ".join(f"{name}: {ms}" for name, ms in cost.stage_ms.items()))  # fmt: skip
-                return metrics.with_values(numSparkJobs=spark_jobs, stageTimesMs=dict(cost.stage_ms))
+                stages = ", ".join(f"{name}: {ms}" for name, ms in cost.stage_ms.items())
+                log.info("MERGE stages (ms): %s", stages)
+                return metrics.with_values(stageTimesMs=dict(cost.stage_ms))
             except MaterializedSourceLostError as lost:
                 if attempt == MATERIALIZE_MAX_ATTEMPTS:
                     raise MergeExecutionError(
@@ -128,12 +128,12 @@ def _run_attempt(
     spark: SparkSession, spec: MergeSpec, parsed: ParsedMerge, *, started: float, attempt: int
 ) -> MergeMetrics:
     """One run of the merge from its snapshot to its commit."""
-    with stage(spark, "MERGE operation - loading the target's snapshot"):
+    with stage("MERGE operation - loading the target's snapshot"):
         snapshot = load_snapshot(spec.target.uri, storage_options=dict(spec.target.storage_options))
     log.info(
         "MERGE into %s at version %d (%d files)", spec.target.uri, snapshot.version, len(snapshot.files)
     )
-    with stage(spark, "MERGE operation - resolving the statement"):
+    with stage("MERGE operation - resolving the statement"):
         source_read = read_source(spark, spec.source)
         if parsed.source_query is not None:
             source_read = read_statement_source(spark, source_read, parsed.source_query)
@@ -145,7 +145,7 @@ def _run_attempt(
         mapped = map_new_fields(snapshot.configuration, snapshot.schema, plan.final_schema,
                                 mode=snapshot.column_mapping_mode)
         plan = replace(plan, final_schema=mapped)
-    with stage(spark, "MERGE operation - materializing the source"):
+    with stage("MERGE operation - materializing the source"):
         source = materialize_source(
             source_read, columns=plan.source_columns, options=spec.options,
             insert_only=parsed.is_insert_only, attempt=attempt,
@@ -177,5 +177,5 @@ def _run_attempt(
     check_expectations(metrics.to_dict(), spec.expected_metrics)
     if spec.options.dry_run:
         return metrics.with_values(dryRun=True, tableVersion=snapshot.version)
-    with stage(spark, "MERGE operation - committing"):
+    with stage("MERGE operation - committing"):
         return commit_merge(spark, spec, snapshot=snapshot, plan=plan, outcome=outcome, metrics=metrics)

@@ -1,7 +1,12 @@
-"""What a merge costs its Spark session: the Spark jobs it runs and the time of each of its stages.
+"""What a merge costs its Spark session: the time of each of its stages, and one tag on all its Spark work.
 
-The merge's jobs run in one job group of their own, counted from Spark's status tracker at the end; each
-stage is named as Delta names its jobs (the Spark UI shows the same names) and timed on the driver.
+Each stage is named as Delta names its jobs, logged when it starts and timed on the driver. The merge's
+operations carry one Spark tag of their own (``SparkSession.addTag``, the same on a classic and a Spark
+Connect session), so a caller can interrupt exactly them (``SparkSession.interruptTag``).
+
+Two things the classic session's SparkContext offered are not kept: the count of the merge's Spark jobs
+(the status tracker) and the job descriptions the Spark UI shows. Neither is reachable through Spark Connect,
+and a metric one session kind cannot give would make the two kinds' metrics differ.
 """
 
 from __future__ import annotations
@@ -16,24 +21,20 @@ from dataclasses import dataclass, field
 
 from pyspark.sql import SparkSession
 
-__all__ = ["MergeCost", "measured_merge", "stage"]
+__all__ = ["MERGE_TAG_PREFIX", "MergeCost", "measured_merge", "stage"]
 
 log = logging.getLogger("delta_merge")
 
-_GROUP_PROPERTY = "spark.jobGroup.id"
-_DESCRIPTION_PROPERTY = "spark.job.description"
+# The tag of a merge's Spark operations: this prefix and a random suffix, one per run_merge call.
+MERGE_TAG_PREFIX = "delta-merge-"
 
 
 @dataclass
 class MergeCost:
-    """The Spark jobs of one merge (``job_group``) and the milliseconds of each stage, in order."""
+    """The Spark tag of one merge's operations and the milliseconds of each stage, in order."""
 
-    job_group: str
+    tag: str
     stage_ms: dict[str, int] = field(default_factory=dict)
-
-    def spark_jobs(self, spark: SparkSession) -> int:
-        """How many Spark jobs the merge has run so far."""
-        return len(spark.sparkContext.statusTracker().getJobIdsForGroup(self.job_group))
 
 
 _current: ContextVar[MergeCost | None] = ContextVar("merge_cost", default=None)
@@ -41,32 +42,26 @@ _current: ContextVar[MergeCost | None] = ContextVar("merge_cost", default=None)
 
 @contextmanager
 def measured_merge(spark: SparkSession) -> Iterator[MergeCost]:
-    """Run the block's Spark jobs in a job group of their own (the caller's group is restored after)."""
-    context = spark.sparkContext
-    previous = context.getLocalProperty(_GROUP_PROPERTY)
-    cost = MergeCost(job_group=f"delta-merge-{uuid.uuid4().hex}")
-    context.setLocalProperty(_GROUP_PROPERTY, cost.job_group)
+    """Tag the block's Spark operations with the merge's own tag (removed after; the caller's stay)."""
+    cost = MergeCost(tag=f"{MERGE_TAG_PREFIX}{uuid.uuid4().hex}")
+    spark.addTag(cost.tag)
     token = _current.set(cost)
     try:
         yield cost
     finally:
         _current.reset(token)
-        context.setLocalProperty(_GROUP_PROPERTY, previous)  # type: ignore[arg-type]
+        spark.removeTag(cost.tag)
 
 
 @contextmanager
-def stage(spark: SparkSession, description: str) -> Iterator[None]:
-    """Name the Spark jobs of a stage as Delta does, log one progress line for it, and time it for the
-    merge being measured (a stage run twice adds up)."""
+def stage(description: str) -> Iterator[None]:
+    """Log one progress line for a stage, named as Delta names its jobs, and time it for the merge being
+    measured (a stage run twice adds up)."""
     log.info("%s", description)
-    context = spark.sparkContext
-    previous = context.getLocalProperty(_DESCRIPTION_PROPERTY)
-    context.setJobDescription(description)
     started = time.monotonic()
     try:
         yield
     finally:
-        context.setLocalProperty(_DESCRIPTION_PROPERTY, previous)  # type: ignore[arg-type]
         cost = _current.get()
         if cost is not None:
             elapsed = int((time.monotonic() - started) * 1000)

@@ -24,10 +24,10 @@ UPSERT_SQL = (
     "MERGE INTO target t USING source s ON t.id = s.id WHEN MATCHED THEN UPDATE SET * "
     "WHEN NOT MATCHED THEN INSERT *"
 )
-# What the job prints (the commit stores the Delta metrics only: no Spark jobs, no stage times).
+# What the job prints (the commit stores the Delta metrics only: no stage times).
 JOB_METRICS = {
     **UPSERT_METRICS, "materializeSourceReason": "NON_DETERMINISTIC_SOURCE_NON_DELTA", "readVersion": 0,
-    "tableVersion": 1, "skipped": False, "dryRun": False, "numSparkJobs": 7,
+    "tableVersion": 1, "skipped": False, "dryRun": False,
     "stageTimesMs": {"MERGE operation - committing": 12},
 }  # fmt: skip
 

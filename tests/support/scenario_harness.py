@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.types import (
     ArrayType,
     BinaryType,
@@ -56,9 +57,12 @@ def dataframe(spark: SparkSession, ddl: str, rows: list[list[Any]]) -> DataFrame
     ]
     if any(isinstance(f.dataType, BinaryType) for f in schema.fields):
         raise NotImplementedError("binary columns in scenarios")
-    reader = spark.read.schema(schema).option("allowNonNumericNumbers", "true")
-    lines = spark.sparkContext.parallelize(records, 1) if records else spark.sparkContext.emptyRDD()
-    return reader.json(lines)
+    if not records:
+        return spark.createDataFrame([], schema)
+    # Spark's JSON parser through from_json: the same on a classic and a Spark Connect session (no RDD).
+    lines = spark.createDataFrame([(r,) for r in records], "value string")
+    parsed = F.from_json("value", schema, {"allowNonNumericNumbers": "true"}).alias("row")
+    return lines.select(parsed).select("row.*")
 
 
 def create_target(spark: SparkSession, path: Path, scenario: Mapping[str, Any]) -> None:

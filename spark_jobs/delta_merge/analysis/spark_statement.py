@@ -3,15 +3,22 @@
 The contract's parser (``merge_sql``) works without a JVM on the Airflow side. Here the session's SQL parser
 parses the same text; the job runs only if Spark reads it as a MERGE with the same clauses, conditions,
 assignments, aliases and source, and the expression guard's refusals hold for Spark's own expression trees
-too (subqueries, functions that are not built-ins). Walking Spark's unresolved plan through py4j is written
-by hand: no library exposes Catalyst's parse tree to Python.
+too (subqueries, functions that are not built-ins).
+
+Spark's parse is asked for the way a classic and a Spark Connect session both answer: ``EXPLAIN EXTENDED``,
+whose "Parsed Logical Plan" section prints the unresolved plan (analysis errors only become text there;
+nothing runs). The contract's parse, rendered back to one canonical MERGE, is explained too: Spark printing
+the same MergeIntoTable node for both means it reads the user's conditions, actions and assignments as the
+contract does. Spark's printout leaves out empty clause lists, so which kind a WHEN clause is (MATCHED or
+NOT MATCHED BY SOURCE) is read from the text's own WHEN keywords as a third witness. Reading Catalyst's
+tree printout is written by hand: no library parses it.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
 from pyspark.errors import ParseException
 from pyspark.logger import PySparkLogger
@@ -24,24 +31,35 @@ from spark_jobs.delta_merge.statement.expression_guard import (
     SPARK_BUILTIN_FUNCTIONS,
     TABLE_FUNCTIONS,
 )
-from spark_jobs.delta_merge.statement.merge_rules import strip_target_alias
-from spark_jobs.delta_merge.statement.parsed_merge import ClauseKind, MergeClause, ParsedMerge
+from spark_jobs.delta_merge.statement.parsed_merge import (
+    ClauseKind,
+    MergeClause,
+    ParsedMerge,
+    format_column_path,
+)
 
 __all__ = ["check_with_spark_parser"]
 
 _FIELD = "merge_sql"
-_ACTION_CLASSES = {
-    "UpdateAction": "update",
-    "UpdateStarAction": "update_all",
-    "DeleteAction": "delete",
-    "InsertAction": "insert",
-    "InsertStarAction": "insert_all",
+_MERGE_NODE = "'MergeIntoTable "
+_SECTION = re.compile(r"== Parsed Logical Plan ==\n(.*?)\n\n== Analyzed Logical Plan ==", re.DOTALL)
+# Printed subquery expressions (scalar-subquery#12 [], exists#3 [], list#4 [] in an IN, lateral-subquery#5).
+_SUBQUERY = re.compile(r"\b(scalar-subquery|exists|list|lateral-subquery)#")
+# An unresolved function call as printed: 'name( or 'cat.db.name( (an unresolved attribute has no "(").
+_FUNCTION = re.compile(
+    r"'((?:`(?:[^`]|``)+`|[A-Za-z_][A-Za-z0-9_]*)(?:\.(?:`(?:[^`]|``)+`|[A-Za-z_][A-Za-z0-9_]*))*)\("
+)
+_EXPRESSION_ID = re.compile(r"#\d+")
+_KINDS_SQL: dict[ClauseKind, str] = {
+    "matched": "WHEN MATCHED",
+    "not_matched": "WHEN NOT MATCHED",
+    "not_matched_by_source": "WHEN NOT MATCHED BY SOURCE",
 }
-_SUBQUERY_CLASSES = frozenset({"ScalarSubquery", "Exists", "ListQuery", "LateralSubquery", "InSubquery"})
-_KIND_LISTS: tuple[tuple[ClauseKind, str], ...] = (
-    ("matched", "matchedActions"),
-    ("not_matched", "notMatchedActions"),
-    ("not_matched_by_source", "notMatchedBySourceActions"),
+_ACTION_SQL = {"delete": "DELETE", "update_all": "UPDATE SET *", "insert_all": "INSERT *"}
+# Quoted text the WHEN-keyword scan skips: string literals ('' and \' escapes) and backticked names.
+_QUOTED = re.compile(r"'(?:[^'\\]|\\.|'')*'|\"(?:[^\"\\]|\\.|\"\")*\"|`(?:[^`]|``)*`", re.DOTALL)
+_WHEN = re.compile(
+    r"\bWHEN\s+(NOT\s+MATCHED(?:\s+BY\s+(TARGET|SOURCE))?|MATCHED)\s+(?:AND|THEN)\b", re.IGNORECASE
 )
 
 
@@ -51,133 +69,242 @@ def check_with_spark_parser(spark: SparkSession, merge_sql: str, parsed: ParsedM
     :raises MergeSpecError: with Spark's error class when Spark refuses the text, or naming the part that
         Spark reads differently.
     """
-    parser = spark._jsparkSession.sessionState().sqlParser()
-    plan = _parse(lambda: parser.parsePlan(merge_sql), what="the statement")
-    ctes: set[str] = set()
-    if _class(plan) == "UnresolvedWith":
-        ctes = {str(relation._1()).lower() for relation in _seq(plan.cteRelations())}
-        plan = plan.child()
-    if _class(plan) != "MergeIntoTable":
+    plan = _parsed_plan(spark, merge_sql, what="the statement")
+    node_line = next((line for line in plan if _MERGE_NODE in line), None)
+    if node_line is None:
         raise MergeSpecError(
-            f"{_FIELD}: expected a MERGE INTO statement, found one Spark parses as {_class(plan)}",
+            f"{_FIELD}: expected a MERGE INTO statement, found one Spark parses as {_node_name(plan[0])}",
             error_class="PARSE_SYNTAX_ERROR",
         )
-    checker = _Checker(parser)
-    checker.same_expression("the ON condition", plan.mergeCondition(), parsed.condition)
-    if bool(plan.withSchemaEvolution()) != parsed.schema_evolution:
-        raise _differs(
-            "WITH SCHEMA EVOLUTION", str(bool(plan.withSchemaEvolution())), str(parsed.schema_evolution)
-        )
-    for kind, accessor in _KIND_LISTS:
-        actions = _seq(getattr(plan, accessor)())
-        clauses = parsed.clauses_of(kind)
-        if len(actions) != len(clauses):
-            raise _differs(f"the number of {kind} clauses", str(len(actions)), str(len(clauses)))
-        for position, (action, clause) in enumerate(zip(actions, clauses, strict=True)):
-            checker.same_clause(f"{kind} clause {position + 1}", action, clause, parsed.target_alias)
-    _check_relation("the target", plan.targetTable(), parsed.target_alias, query_expected=False, ctes=set())
+    spark_node = _node_text(node_line, parsed.target_alias)
+    _guard(spark_node)
+    kinds = _clause_kinds(merge_sql)
+    expected = [c.when for c in parsed.clauses]
+    if kinds != expected:
+        raise _differs("the kinds of the WHEN clauses", ", ".join(kinds), ", ".join(expected))
+    rendered = _parsed_plan(spark, _canonical_merge(parsed), what="the statement as the operator reads it")
+    contract_node = _node_text(next(line for line in rendered if _MERGE_NODE in line), parsed.target_alias)
+    if spark_node != contract_node:
+        raise _first_difference(spark_node, contract_node, parsed)
+    target, source = _relations(plan, node_line)
+    _check_relation("the target", target, parsed.target_alias, query_expected=False, ctes=set())
     _check_relation(
         "the source",
-        plan.sourceTable(),
+        source,
         parsed.source_alias,
         query_expected=parsed.source_query is not None,
-        ctes=ctes,
+        ctes=_cte_names(plan, node_line),
     )
     if parsed.source_query is not None:
-        _parse(lambda: parser.parsePlan(parsed.source_query), what="the USING query")
+        _parsed_plan(spark, parsed.source_query, what="the USING query")
 
 
-class _Checker:
-    """Compares Spark's expression trees with Spark's parse of the contract's expression texts."""
-
-    def __init__(self, parser: Any) -> None:
-        self.parser = parser
-
-    def same_expression(self, where: str, spark_expression: Any, text: str) -> None:
-        _guard(where, spark_expression)  # first: subqueries carry ids that make equal trees differ
-        ours = _parse(lambda: self.parser.parseExpression(text), what=where)
-        if not spark_expression.equals(ours):
-            raise _differs(where, spark_expression.sql(), text)
-
-    def same_clause(self, where: str, action: Any, clause: MergeClause, target_alias: str) -> None:
-        kind = _ACTION_CLASSES.get(_class(action))
-        if kind != clause.action:
-            raise _differs(f"the action of {where}", str(kind), clause.action)
-        condition = action.condition()
-        if bool(condition.isDefined()) != (clause.condition is not None):
-            raise _differs(f"the condition of {where}", _option_sql(condition), str(clause.condition))
-        if clause.condition is not None:
-            self.same_expression(f"the condition of {where}", condition.get(), clause.condition)
-        if clause.action not in ("update", "insert"):
-            return
-        assignments = _seq(action.assignments())
-        if len(assignments) != len(clause.assignments):
-            raise _differs(f"the assignments of {where}", str(len(assignments)), str(len(clause.assignments)))
-        for assignment, ours in zip(assignments, clause.assignments, strict=True):
-            column = strip_target_alias([str(p) for p in _seq(assignment.key().nameParts())], target_alias)
-            if column != ours.column:
-                raise _differs(f"a column of {where}", ".".join(column), ".".join(ours.column))
-            self.same_expression(
-                f"the value of {'.'.join(column)} in {where}", assignment.value(), ours.value
-            )
-
-
-def _guard(where: str, expression: Any) -> None:
-    """The expression guard's refusals, on Spark's own tree (so no text can read one way to each parser)."""
-    for node in _walk(expression):
-        name = _class(node)
-        if name in _SUBQUERY_CLASSES:
+def _parsed_plan(spark: SparkSession, sql: str, *, what: str) -> list[str]:
+    """The lines of Spark's parsed (unresolved) plan of ``sql``; a parse error is refused with its class."""
+    with _quiet_parse_errors():
+        try:
+            printout = str(spark.sql(f"EXPLAIN EXTENDED {sql}").collect()[0][0])
+        except ParseException as error:
+            condition = error.getCondition()
+            message = str(error.getMessage()).strip().splitlines()[0].removeprefix(f"[{condition}] ")
             raise MergeSpecError(
-                f"{_FIELD} {where}: Subqueries are not supported in a MERGE condition or assignment "
-                f"(found {expression.sql()}).",
-                error_class="DELTA_UNSUPPORTED_SUBQUERY",
+                f"{_FIELD}: Spark SQL's parser refuses {what}: {message}", error_class=condition
+            ) from error
+    section = _SECTION.search(printout)
+    if section is None:
+        raise MergeSpecError(f"{_FIELD}: Spark's EXPLAIN printed no parsed plan for {what}")
+    return section.group(1).splitlines()
+
+
+def _node_name(line: str) -> str:
+    name = line.lstrip(":+- ").lstrip("'").split(" ", 1)[0]
+    return "UnresolvedWith" if name == "CTE" else name
+
+
+def _node_text(line: str, target_alias: str) -> str:
+    """The MergeIntoTable node's arguments, ids of subqueries dropped and SET columns without the target
+    alias (Spark resolves ``t.v`` and ``v`` alike; the contract keeps the bare column)."""
+    text = line[line.index(_MERGE_NODE) + len(_MERGE_NODE) :]
+    text = _EXPRESSION_ID.sub("#", text)
+    alias = re.escape(format_column_path([target_alias]))
+    return re.sub(rf"assignment\('{alias}\.", "assignment('", text, flags=re.IGNORECASE)
+
+
+def _guard(node: str) -> None:
+    """The expression guard's refusals, on Spark's own tree (so no text can read one way to each parser)."""
+    subquery = _SUBQUERY.search(node)
+    if subquery is not None:
+        raise MergeSpecError(
+            f"{_FIELD}: Subqueries are not supported in a MERGE condition or assignment "
+            f"(Spark reads a {subquery.group(1)} subquery in it).",
+            error_class="DELTA_UNSUPPORTED_SUBQUERY",
+        )
+    for match in _FUNCTION.finditer(node):
+        parts = [
+            p.strip("`").replace("``", "`").lower()
+            for p in re.findall(r"`(?:[^`]|``)+`|[^.]+", match.group(1))
+        ]
+        function = parts[-1]
+        if function in ("assignment", "updateaction", "deleteaction", "insertaction", "updatestaraction",
+                        "insertstaraction", "lambdafunction", "unresolvedalias"):  # fmt: skip
+            continue
+        if (
+            len(parts) > 1
+            or function not in SPARK_BUILTIN_FUNCTIONS
+            or function in (REFLECTION_FUNCTIONS | TABLE_FUNCTIONS | FILE_FUNCTIONS)
+        ):
+            raise MergeSpecError(
+                f"{_FIELD}: expected Spark built-in functions without side effects, found "
+                f"{'.'.join(parts)}() (user-defined, reflective and file-reading functions are not "
+                "allowed in merge expressions)"
             )
-        if name == "UnresolvedFunction":
-            parts = [str(p).lower() for p in _seq(node.nameParts())]
-            function = parts[-1]
-            if (
-                len(parts) > 1
-                or function not in SPARK_BUILTIN_FUNCTIONS
-                or function in (REFLECTION_FUNCTIONS | TABLE_FUNCTIONS | FILE_FUNCTIONS)
-            ):
-                raise MergeSpecError(
-                    f"{_FIELD} {where}: expected Spark built-in functions without side effects, found "
-                    f"{'.'.join(parts)}() (user-defined, reflective and file-reading functions are not "
-                    "allowed in merge expressions)"
-                )
 
 
-def _check_relation(role: str, relation: Any, alias: str, *, query_expected: bool, ctes: set[str]) -> None:
-    name = _class(relation)
-    spark_alias = str(relation.alias()) if name == "SubqueryAlias" else None
-    if name == "UnresolvedRelation":
-        spark_alias = str(_seq(relation.multipartIdentifier())[-1])
+def _clause_kinds(sql: str) -> list[ClauseKind]:
+    """The kind of each WHEN clause, in order, from the text's keywords (quoted text skipped)."""
+    kinds: list[ClauseKind] = []
+    for match in _WHEN.finditer(_QUOTED.sub(" ", sql)):
+        words = match.group(1).upper()
+        if not words.startswith("NOT"):
+            kinds.append("matched")
+        elif (match.group(2) or "").upper() == "SOURCE":
+            kinds.append("not_matched_by_source")
+        else:
+            kinds.append("not_matched")
+    return kinds
+
+
+def _canonical_merge(parsed: ParsedMerge) -> str:
+    """The contract's parse as one MERGE statement: the same expressions, in Spark SQL."""
+    target = format_column_path([parsed.target_alias])
+    source = format_column_path([parsed.source_alias])
+    evolution = " WITH SCHEMA EVOLUTION" if parsed.schema_evolution else ""
+    parts = [f"MERGE{evolution} INTO target {target} USING source {source} ON {parsed.condition}"]
+    parts += [_clause_sql(clause) for clause in parsed.clauses]
+    return "\n".join(parts)
+
+
+def _clause_sql(clause: MergeClause) -> str:
+    condition = f" AND {clause.condition}" if clause.condition is not None else ""
+    head = f"{_KINDS_SQL[clause.when]}{condition} THEN "
+    if clause.action == "update":
+        return (
+            head
+            + "UPDATE SET "
+            + ", ".join(f"{format_column_path(a.column)} = {a.value}" for a in clause.assignments)
+        )
+    if clause.action == "insert":
+        columns = ", ".join(format_column_path(a.column) for a in clause.assignments)
+        return head + f"INSERT ({columns}) VALUES ({', '.join(a.value for a in clause.assignments)})"
+    return head + _ACTION_SQL[clause.action]
+
+
+def _first_difference(spark_node: str, contract_node: str, parsed: ParsedMerge) -> MergeSpecError:
+    """Name the first part of the MERGE that Spark reads otherwise than the contract."""
+    ours, theirs = _split_top(contract_node), _split_top(spark_node)
+    if ours is None or theirs is None or len(ours) != len(theirs):
+        return _differs("the statement", spark_node, contract_node)
+    if ours[0] != theirs[0]:
+        return _differs("the ON condition", theirs[0], ours[0])
+    if ours[-1] != theirs[-1]:
+        return _differs("WITH SCHEMA EVOLUTION", theirs[-1], ours[-1])
+    kinds = [k for k in ("matched", "not_matched", "not_matched_by_source") if parsed.clauses_of(k)]
+    for kind, our_list, their_list in zip(kinds, ours[1:-1], theirs[1:-1], strict=False):
+        our_actions = _split_top(our_list[1:-1]) or []
+        their_actions = _split_top(their_list[1:-1]) or []
+        if len(our_actions) != len(their_actions):
+            return _differs(f"the number of {kind} clauses", str(len(their_actions)), str(len(our_actions)))
+        for position, (our_action, their_action) in enumerate(zip(our_actions, their_actions, strict=True)):
+            if our_action == their_action:
+                continue
+            where = f"{kind} clause {position + 1}"
+            our_name, their_name = our_action.split("(", 1)[0], their_action.split("(", 1)[0]
+            if our_name != their_name:
+                return _differs(f"the action of {where}", their_name, our_name)
+            our_args = _split_top(our_action[len(our_name) + 1 : -1]) or []
+            their_args = _split_top(their_action[len(their_name) + 1 : -1]) or []
+            if our_args[:1] != their_args[:1]:
+                return _differs(f"the condition of {where}", their_args[0], our_args[0])
+            for our_arg, their_arg in zip(our_args[1:], their_args[1:], strict=False):
+                if our_arg == their_arg:
+                    continue
+                our_pair = _split_top(our_arg.removeprefix("assignment(")[:-1]) or [our_arg, ""]
+                their_pair = _split_top(their_arg.removeprefix("assignment(")[:-1]) or [their_arg, ""]
+                if our_pair[0] != their_pair[0]:
+                    return _differs(
+                        f"a column of {where}", their_pair[0].lstrip("'"), our_pair[0].lstrip("'")
+                    )
+                return _differs(f"the value of {our_pair[0].lstrip(chr(39))} in {where}", their_pair[-1],
+                                our_pair[-1])  # fmt: skip
+            return _differs(f"the assignments of {where}", their_action, our_action)
+    return _differs("the statement", spark_node, contract_node)
+
+
+def _split_top(text: str) -> list[str] | None:
+    """``text`` split at the commas outside brackets; None when its brackets do not balance (a literal
+    with brackets in it prints bare)."""
+    parts, depth, start = [], 0, 0
+    for index, char in enumerate(text):
+        if char in "([":
+            depth += 1
+        elif char in ")]":
+            depth -= 1
+            if depth < 0:
+                return None
+        elif char == "," and depth == 0:
+            parts.append(text[start:index].strip())
+            start = index + 1
+    if depth != 0:
+        return None
+    parts.append(text[start:].strip())
+    return parts
+
+
+def _relations(plan: list[str], node_line: str) -> tuple[list[str], list[str]]:
+    """The target's and the source's subtrees under the MergeIntoTable node (their lines, prefixes cut)."""
+    indent = node_line.index(_MERGE_NODE)
+    start = plan.index(node_line) + 1
+    children: list[list[str]] = []
+    for line in plan[start:]:
+        branch = line[indent : indent + 3]
+        if branch in (":- ", "+- "):
+            children.append([line[indent + 3 :]])
+        elif children and line[indent : indent + 1] in (":", " "):
+            children[-1].append(line[indent + 3 :])
+    # Subqueries of the node's expressions print first (":  :- ..."): the relations are the last two.
+    return children[-2], children[-1]
+
+
+def _cte_names(plan: list[str], node_line: str) -> set[str]:
+    first = plan[0]
+    if node_line is first or not first.startswith("CTE ["):
+        return set()
+    return {name.strip().strip("`").lower() for name in first[len("CTE [") :].rstrip("]").split(",")}
+
+
+def _check_relation(
+    role: str, relation: list[str], alias: str, *, query_expected: bool, ctes: set[str]
+) -> None:
+    head = relation[0]
+    spark_alias: str | None = None
+    inner = head
+    if head.startswith("'SubqueryAlias "):
+        spark_alias = head.removeprefix("'SubqueryAlias ").strip().strip("`")
+        inner = relation[1].lstrip("+- :") if len(relation) > 1 else ""
+    if head.startswith("'UnresolvedRelation ["):
+        spark_alias = _relation_name(head)
     if spark_alias is None or spark_alias.lower() != alias.lower():
         raise _differs(f"the alias of {role}", str(spark_alias), alias)
-    inner = relation.child() if name == "SubqueryAlias" else relation
-    is_query = _class(inner) != "UnresolvedRelation"
-    names_cte = not is_query and str(_seq(inner.multipartIdentifier())[-1]).lower() in ctes
+    is_query = not inner.startswith("'UnresolvedRelation [")
+    names_cte = not is_query and _relation_name(inner).lower() in ctes
     if (is_query or names_cte) != query_expected:
         spark_reads = "a query" if is_query or names_cte else "a table name"
         raise _differs(role, spark_reads, "a query" if query_expected else "a table name")
 
 
-def _walk(node: Any) -> Iterator[Any]:
-    yield node
-    for child in _seq(node.children()):
-        yield from _walk(child)
-
-
-def _seq(scala_seq: Any) -> list[Any]:
-    return [scala_seq.apply(i) for i in range(scala_seq.length())]
-
-
-def _class(node: Any) -> str:
-    return str(node.getClass().getSimpleName())
-
-
-def _option_sql(option: Any) -> str:
-    return str(option.get().sql()) if option.isDefined() else "None"
+def _relation_name(line: str) -> str:
+    names = line.removeprefix("'UnresolvedRelation [").split("]", 1)[0]
+    return names.split(", ")[-1].strip("`")
 
 
 def _differs(what: str, spark_reads: str, contract_reads: str) -> MergeSpecError:
@@ -186,18 +313,6 @@ def _differs(what: str, spark_reads: str, contract_reads: str) -> MergeSpecError
         f"{contract_reads!r}. The statement is refused rather than run in a way it was not written; "
         "write it more plainly (and report it, with the statement)."
     )
-
-
-def _parse(call: Any, *, what: str) -> Any:
-    with _quiet_parse_errors():
-        try:
-            return call()
-        except ParseException as error:
-            condition = error.getCondition()
-            message = str(error.getMessage()).strip().splitlines()[0].removeprefix(f"[{condition}] ")
-            raise MergeSpecError(
-                f"{_FIELD}: Spark SQL's parser refuses {what}: {message}", error_class=condition
-            ) from error
 
 
 @contextmanager

@@ -143,7 +143,7 @@ def classic_merge(
     tracking = tracking if tracking is not None and tracking.preserves else None
     keep = partial(_matched_changes, snapshot=snapshot, plan=plan, constraints=constraints, tracking=tracking,
                    source_row_id=source_row_id) if keep_joined else None  # fmt: skip
-    with stage(spark, "MERGE operation - scanning files for matches"):
+    with stage("MERGE operation - scanning files for matches"):
         if joinable:
             candidate_rows = scan_for_join(spark, snapshot, joinable, row_tracking=tracking)
             touched = find_touched_files(
@@ -180,10 +180,13 @@ def _classic_merge_of_touched(
     check_writable(snapshot, removes_files=bool(removes))
     log.info("%d of %d candidate files touched", len(removes), len(candidates))
     started = time.monotonic()
-    # The kept rows are the second scan of a materialized source: its rows are the first scan's.
+    # The kept rows are the second scan of a materialized source: its rows are the first scan's. Any
+    # materialized source reads the same rows twice: counting it again could only count a join that reads
+    # its source side twice (a nested-loop outer join) twice over.
     kept = touched.kept_rows
+    recount = kept is None and source_row_id is None
     uncounted_source = source
-    if kept is None:
+    if recount:
         source, second_scan_rows = counted(source, "merge_source_rows_second_scan")
     # Delta's deduplicateCDFDeletes: with the change data feed, a target row deleted by several matches
     # is deleted once; without it, the counts are compensated below.
@@ -236,7 +239,7 @@ def _classic_merge_of_touched(
             description=description, change_data=change_data, hidden=hidden, marking=marking or copying,
         )
     if copying:
-        with stage(spark, f"MERGE operation - copying unchanged rows of {len(removes)} files"):
+        with stage(f"MERGE operation - copying unchanged rows of {len(removes)} files"):
             copies = copy_unchanged_rows(
                 spark, snapshot, removes, marks, schema=plan.final_schema, hidden_columns=hidden,
                 target_file_size=target_file_size, num_indexed_cols=_num_indexed_cols(snapshot),
@@ -271,8 +274,7 @@ def _classic_merge_of_touched(
         # row once per matching source row. Count target rows, as Delta does (its delete-only compensation).
         deleted = int(Action.DELETE_MATCHED)
         counts = {**counts, deleted: counts.get(deleted, 0) - touched.extra_matches}
-    second_scan = (second_scan_rows() if output is not None and kept is None
-                   else touched.num_source_rows)
+    second_scan = second_scan_rows() if output is not None and recount else touched.num_source_rows
     # With deletion vectors, Delta counts as removed only the files no row of which is left.
     still_live = {f.path for f in readds}
     emptied = tuple(f for f in removes if f.path not in still_live)

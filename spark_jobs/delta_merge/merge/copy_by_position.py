@@ -36,8 +36,10 @@ from spark_jobs.delta_merge.protocol.deletion_vectors import deleted_rows
 from spark_jobs.delta_merge.protocol.files import LiveFile, WrittenFile
 from spark_jobs.delta_merge.protocol.table_features import TableConstraints
 from spark_jobs.delta_merge.scan.arrow_scan import FileScan, file_scan, read_file
+from spark_jobs.delta_merge.session_facts import default_parallelism
 from spark_jobs.delta_merge.spark_confs import size_conf
 from spark_jobs.delta_merge.storage.arrow_store import arrow_file_path, arrow_filesystem
+from spark_jobs.delta_merge.task_frames import spread_tasks
 from spark_jobs.delta_merge.write.conform import conform_batch
 from spark_jobs.delta_merge.write.merge_output import (
     data_file_plan,
@@ -134,10 +136,9 @@ def copy_unchanged_rows(
     if not tasks:
         return CopiedRows((), 0)
     # A few files per task, balanced by size: a task's start costs about as much as copying a small file.
-    slices = min(len(tasks), 2 * max(1, spark.sparkContext.defaultParallelism))
+    slices = min(len(tasks), 2 * default_parallelism(spark))
     groups = _balanced([(f.size, task) for f, task in zip(files, tasks, strict=True)], slices)
-    rows = spark.sparkContext.parallelize(groups, len(groups)).flatMap(lambda group: group)
-    frame = spark.createDataFrame(rows, _TASK_SCHEMA)
+    frame = spread_tasks(spark, groups, _TASK_SCHEMA)
     try:
         results = frame.mapInArrow(functools.partial(_copy_task, plan), RESULT_SCHEMA).collect()
     except Exception as exc:

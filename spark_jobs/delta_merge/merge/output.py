@@ -61,7 +61,7 @@ def write_output(
     ``hidden`` columns (long) are written to the data files after the table's. With ``marking``, the
     target rows updated or deleted are marked (``output`` carries their file and row index) and come back
     by file key, for deletion vectors."""
-    with stage(spark, description):
+    with stage(description):
         if dry_run:
             return count_rows(output), (), (), {}
         changes: dict[str, Any] = {}
@@ -81,7 +81,6 @@ def write_output(
             drop_codes=[int(a) for a in DROPPED_ACTIONS],
             target_file_size=target_file_size,
             num_indexed_cols=_num_indexed_cols(snapshot),
-            job_description=description,
             column_mapping_mode=snapshot.column_mapping_mode,
             storage_options=snapshot.storage_options,
             mark_codes=[int(a) for a in MARKED_ACTIONS] if marking else (),

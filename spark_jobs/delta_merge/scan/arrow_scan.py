@@ -21,6 +21,7 @@ from pyspark.sql.types import ArrayType, DataType, LongType, MapType, StringType
 
 from spark_jobs.delta_merge.protocol.column_mapping import ARROW_FIELD_ID_KEY
 from spark_jobs.delta_merge.storage.arrow_store import arrow_filesystem
+from spark_jobs.delta_merge.task_frames import spread_tasks
 
 __all__ = [
     "FILE_PATH", "ROW_INDEX", "ArrowScanFile", "FileScan", "file_scan", "is_object_store", "read_file",
@@ -97,7 +98,7 @@ def read_parquet_files(
     out_schema = StructType(out_fields)
     rows = [(i, f.path, f.key, [int(r) for r in f.deleted_rows]) for i, f in enumerate(files)]
     # One slice per file: each task reads one file, and a large table spreads over the executors.
-    tasks = spark.createDataFrame(spark.sparkContext.parallelize(rows, max(1, len(rows))), _TASK_SCHEMA)
+    tasks = spread_tasks(spark, [[row] for row in rows], _TASK_SCHEMA)
     # mapInArrow looks output columns up by bare name, so a dotted name would read as a struct field.
     positional = StructType([StructField(f"_c{i}", f.dataType, True) for i, f in enumerate(out_fields)])
     return tasks.mapInArrow(functools.partial(_read_task, plan), positional).toDF(*out_schema.names)

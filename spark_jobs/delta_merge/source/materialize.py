@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from py4j.protocol import Py4JError, Py4JJavaError
+from py4j.protocol import Py4JJavaError
 from pyspark import StorageLevel
-from pyspark.errors import AnalysisException
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.errors import AnalysisException, PySparkException
+from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import BinaryType, StringType, StructType
 
 from spark_jobs.delta_merge.errors import MergeAnalysisError, MergeExecutionError
 from spark_jobs.delta_merge.scan.arrow_scan import is_object_store
+from spark_jobs.delta_merge.session_facts import broadcast_limit_bytes, estimated_row_bytes
 from spark_jobs.delta_merge.source.object_store import read_object_store_parquet
 from spark_jobs.delta_merge.spec import MergeOptions, SourceSpec
 from spark_jobs.delta_merge.statement.merge_sql import SOURCE_VIEW
@@ -43,6 +45,7 @@ MATERIALIZE_MAX_ATTEMPTS = 4
 # rddStorageLevelFirstRetry and rddStorageLevelRetry defaults).
 _RETRY_LEVELS = ("DISK_ONLY", "DISK_ONLY_2", "DISK_ONLY_3")
 _BLOCK_LOST_CONDITION = "CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND"
+_BLOCK_LOST_TEXT = re.compile(rf"{_BLOCK_LOST_CONDITION}|Checkpoint block rdd_[0-9]+_[0-9]+ not found")
 
 
 class MaterializedSourceLostError(MergeExecutionError):
@@ -57,16 +60,20 @@ class SourceRead:
     """The source as read, before pruning and materialization.
 
     :param pinned_delta: a Delta table read at one version (a deterministic scan).
+    :param query_operators: a query (the statement's USING subquery) runs over what was read.
     """
 
     df: DataFrame
     pinned_delta: bool
+    query_operators: bool = False
 
 
 @dataclass(frozen=True)
 class PreparedSource:
     """The source the merge joins with, and how it came to be.
 
+    :param size_bytes: the materialized rows' size (:func:`_row_bytes`) as observed while materializing;
+        None when the session reports no observed metrics for a checkpoint (Spark Connect does not).
     :param row_id_column: a materialized source carries a row id (:data:`SOURCE_ROW_ID_COLUMN`), fixed in
         its blocks: a later stage can tell which source rows an earlier one matched.
     """
@@ -76,7 +83,7 @@ class PreparedSource:
     reason: str
     materialize_time_ms: int
     storage_level: str | None = None
-    rdd_id: int | None = None
+    size_bytes: int | None = None
     row_id_column: str | None = None
 
     def fits_a_broadcast(self, spark: SparkSession) -> bool:
@@ -84,40 +91,37 @@ class PreparedSource:
 
         Spark's estimate for a checkpointed source comes from the files it was read from, which a source
         of a few hundred thousand rows exceeds (10 MB by default): the join then shuffles every row of
-        every candidate file. The materialized blocks give its real size instead; it may be broadcast up
-        to the larger of ``spark.sql.autoBroadcastJoinThreshold`` and a sixteenth of the driver's heap
-        (which holds the broadcast). A threshold of -1 (broadcasts off) is respected.
+        every candidate file. The materialized rows give a real size instead (their string and binary
+        bytes, Spark's default sizes for the rest: the block manager's own figure is not visible through
+        Spark Connect); it may be broadcast up to :func:`broadcast_limit_bytes`. A threshold of -1
+        (broadcasts off) is respected.
         """
-        if self.rdd_id is None:
+        if not self.materialized:
             return False
-        # Spark's own reading of the setting, which takes byte strings such as "10MB" or "-1".
-        threshold = int(spark._jsparkSession.sessionState().conf().autoBroadcastJoinThreshold())
-        if threshold < 0:
+        limit = broadcast_limit_bytes(spark)
+        if limit < 0:
             return False
-        context = spark.sparkContext._jsc.sc()
-        held = [info for info in context.getRDDStorageInfo() if info.id() == self.rdd_id]
-        if not held:
-            return False
-        size = int(held[0].memSize()) + int(held[0].diskSize())
-        heap = int(spark._jvm.java.lang.Runtime.getRuntime().maxMemory())  # type: ignore[union-attr]
-        return size <= max(threshold, heap // 16)
+        size = self.size_bytes if self.size_bytes is not None else _row_bytes(self.df, self.df.schema)
+        return size <= limit
 
     def release(self) -> None:
-        """Drop the materialized blocks once the merge has read them (Delta unpersists them too)."""
+        """Let go of the materialized blocks once the merge has read them (Delta unpersists them too).
+
+        Through Spark Connect, dropping the checkpointed DataFrame releases it on the server; in a classic
+        session Spark's context cleaner unpersists the checkpointed RDD once nothing refers to it (the
+        RDD itself is reachable only through the JVM gateway, which this job does not use).
+        """
         if self.materialized:
-            # localCheckpoint persists an RDD under a LogicalRDD, which DataFrame.unpersist() does not reach;
-            # left alone, every merge would keep its source in a long-lived session's block manager.
-            _checkpointed_rdd(self.df).unpersist(False)
+            object.__setattr__(self, "df", None)
 
     def raise_if_blocks_lost(self, error: BaseException) -> None:
         """Raise :class:`MaterializedSourceLostError` when ``error`` is Spark's "checkpoint block not found"
-        for this source's materialized RDD (what Delta's runWithMaterializedSourceLostRetries catches)."""
-        if self.rdd_id is None or not _lost_checkpoint_block(error, self.rdd_id):
+        (what Delta's runWithMaterializedSourceLostRetries catches); the merge checkpoints nothing else."""
+        if not self.materialized or not _lost_checkpoint_block(error):
             return
         raise MaterializedSourceLostError(
-            f"Blocks of the materialized merge source (RDD {self.rdd_id}, storage level "
-            f"{self.storage_level}) were lost before the merge finished: an executor died or the blocks "
-            "were evicted. Nothing was committed."
+            f"Blocks of the materialized merge source (storage level {self.storage_level}) were lost "
+            "before the merge finished: an executor died or the blocks were evicted. Nothing was committed."
         ) from error
 
 
@@ -202,11 +206,7 @@ def read_statement_source(spark: SparkSession, source: SourceRead, query: str) -
         ) from exc
     finally:
         spark.catalog.dropTempView(SOURCE_VIEW)
-    return SourceRead(df, pinned_delta=source.pinned_delta)
-
-
-def _is_deterministic(df: DataFrame) -> bool:
-    return bool(df._jdf.queryExecution().analyzed().deterministic())
+    return SourceRead(df, pinned_delta=source.pinned_delta, query_operators=True)
 
 
 def materialize_reason(source: SourceRead, *, mode: str, insert_only: bool) -> tuple[bool, str]:
@@ -224,7 +224,9 @@ def materialize_reason(source: SourceRead, *, mode: str, insert_only: bool) -> t
         return False, "NOT_MATERIALIZED_AUTO_INSERT_ONLY"
     if not source.pinned_delta:
         return True, "NON_DETERMINISTIC_SOURCE_NON_DELTA"
-    if not _is_deterministic(source.df):
+    if source.query_operators:
+        # A plan's determinism is not visible through Spark Connect: a query over a pinned Delta source
+        # is materialized as if it were not deterministic (it may hold rand() or a UDF).
         return True, "NON_DETERMINISTIC_SOURCE_OPERATORS"
     return False, "NOT_MATERIALIZED_AUTO"
 
@@ -249,16 +251,18 @@ def materialize_source(
     level_name = storage_level_for_attempt(options.materialize_storage_level, attempt)
     started = time.monotonic()
     with_ids = pruned.withColumn(SOURCE_ROW_ID_COLUMN, F.monotonically_increasing_id())
-    checkpointed = with_ids.localCheckpoint(eager=True, storageLevel=_storage_level(level_name))
-    rdd = _checkpointed_rdd(checkpointed)
-    rdd.setName("mergeMaterializedSource")
+    observation = Observation("mergeMaterializedSource")
+    size = F.sum(_row_bytes_column(with_ids.schema, with_ids)).alias("bytes")
+    observed = with_ids.observe(observation, size)
+    checkpointed = observed.localCheckpoint(eager=True, storageLevel=_storage_level(level_name))
+    observed_metrics = observation.get  # empty through Spark Connect, whose checkpoint reports none
     return PreparedSource(
         checkpointed,
         materialized=True,
         reason=reason,
         materialize_time_ms=int((time.monotonic() - started) * 1000),
         storage_level=level_name,
-        rdd_id=int(rdd.id()),
+        size_bytes=int(observed_metrics.get("bytes") or 0) if observed_metrics else None,
         row_id_column=SOURCE_ROW_ID_COLUMN,
     )
 
@@ -275,41 +279,34 @@ def storage_level_for_attempt(configured: str, attempt: int) -> str:
     return ladder[min(attempt, len(ladder)) - 1]
 
 
-def _checkpointed_rdd(df: DataFrame) -> Any:
-    """The JVM RDD holding a locally checkpointed DataFrame's blocks (under its LogicalRDD plan)."""
-    return df._jdf.queryExecution().logical().rdd()
-
-
-def _lost_checkpoint_block(error: BaseException, rdd_id: int) -> bool:
-    block_prefix = f"rdd_{rdd_id}_"
-    for java_error in _java_errors(error):
-        try:
-            condition = java_error.getCondition()
-            block = java_error.getMessageParameters().get("rddBlockId")
-        except Py4JError:  # not a SparkThrowable
-            condition, block = None, None
-        if condition == _BLOCK_LOST_CONDITION and str(block).startswith(block_prefix):
-            return True
-        # A task failure the driver could not deserialize keeps only the text; Delta matches it this way.
-        if re.search(rf"Checkpoint block {block_prefix}[0-9]+ not found", str(java_error.getMessage())):
-            return True
-    return False
-
-
-def _java_errors(error: BaseException) -> Iterator[Any]:
-    """The JVM throwables behind a Python error: its causes/contexts, then each JVM cause chain."""
+def _lost_checkpoint_block(error: BaseException) -> bool:
+    """Whether ``error`` (or a cause of it) is Spark's CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND: by its condition,
+    or by its text when the task failure reached the driver only as text (Delta matches it this way)."""
     seen: set[int] = set()
     current: BaseException | None = error
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        # Py4JJavaError carries java_exception; pyspark's converted errors carry _origin.
-        java_error = getattr(current, "java_exception", None) or getattr(current, "_origin", None)
-        depth = 0
-        while java_error is not None and depth < 20:
-            yield java_error
-            java_error = java_error.getCause()
-            depth += 1
+        condition = current.getCondition() if isinstance(current, PySparkException) else None
+        if condition == _BLOCK_LOST_CONDITION or _BLOCK_LOST_TEXT.search(str(current)):
+            return True
         current = current.__cause__ or current.__context__
+    return False
+
+
+def _row_bytes_column(schema: StructType, df: DataFrame) -> Any:
+    """A row's size: its string and binary bytes, Spark's default size for the other fields."""
+    variable = [f.name for f in schema.fields if isinstance(f.dataType, (StringType, BinaryType))]
+    fixed = estimated_row_bytes(StructType([f for f in schema.fields if f.name not in variable]))
+    size = F.lit(fixed)
+    for name in variable:
+        size = size + F.coalesce(F.octet_length(df[f"`{name.replace('`', '``')}`"]), F.lit(0))
+    return size
+
+
+def _row_bytes(df: DataFrame, schema: StructType) -> int:
+    """The size of ``df``'s rows (:func:`_row_bytes_column`), counted by one aggregate."""
+    row = df.agg(F.coalesce(F.sum(_row_bytes_column(schema, df)), F.lit(0)).alias("bytes")).collect()[0]
+    return int(row["bytes"])
 
 
 def _storage_level(name: str) -> StorageLevel:

@@ -12,6 +12,8 @@ import re
 
 from pyspark.sql import SparkSession
 
+from spark_jobs.delta_merge.session_facts import hadoop_version
+
 __all__ = ["connector_advice", "missing_connector_scheme"]
 
 # URI scheme -> (the connector's Maven coordinates without version, the Hadoop FileSystem class it brings).
@@ -66,7 +68,9 @@ def connector_advice(spark: SparkSession, scheme: str) -> str:
         )
     artifact, filesystem = _CONNECTORS.get(scheme, _CONNECTORS["s3a"])
     version = (
-        _hadoop_version(spark) if artifact.startswith("org.apache.hadoop") else "<a release for Hadoop 3>"
+        hadoop_version(spark) or "<the Hadoop version of your Spark build>"
+        if artifact.startswith("org.apache.hadoop")
+        else "<a release for Hadoop 3>"
     )
     advice = (
         f"Spark reads {scheme}:// paths only through a Hadoop connector ({filesystem.rsplit('.', 1)[-1]}), "
@@ -75,11 +79,3 @@ def connector_advice(spark: SparkSession, scheme: str) -> str:
     if scheme in ("s3", "s3n"):
         advice += f" and set spark.hadoop.fs.{scheme}.impl={filesystem}"
     return advice + "."
-
-
-def _hadoop_version(spark: SparkSession) -> str:
-    """The Hadoop version Spark was built with: the connector must match it."""
-    try:
-        return str(spark.sparkContext._jvm.org.apache.hadoop.util.VersionInfo.getVersion())  # type: ignore[union-attr]
-    except Exception:
-        return "<the Hadoop version of your Spark build>"

@@ -7,15 +7,14 @@ import json
 import os
 import re
 from collections import Counter
-from collections.abc import Collection, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
 import pyarrow as pa
 from pyroaring import BitMap64
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
@@ -74,7 +73,6 @@ class MergeOutputPlan:
         column order and nullability, partition columns left out.
     :param num_indexed_cols: ``delta.dataSkippingNumIndexedCols``.
     :param stats_columns: ``delta.dataSkippingStatsColumns``, which wins when given.
-    :param job_description: Spark job description for the write job (restored afterwards).
     :param violation_column: a string column that is NULL on rows satisfying the table's constraints
         and otherwise says which one the row violates; the write fails on the first non-NULL value.
     :param change_types: change data feed: the ``_change_type`` of a written row by action code; rows
@@ -98,7 +96,6 @@ class MergeOutputPlan:
     target_file_size: int
     num_indexed_cols: int = DEFAULT_NUM_INDEXED_COLS
     stats_columns: Sequence[str] | None = None
-    job_description: str | None = None
     violation_column: str | None = None
     change_types: Mapping[int, str] | None = None
     preimage_change_types: Mapping[int, str] | None = None
@@ -178,8 +175,7 @@ def write_merge_output(df: DataFrame, plan: MergeOutputPlan) -> WriteOutcome:
     output = output.toDF(*[f"_c{i}" for i in range(len(output.columns))])
     job = output.mapInArrow(functools.partial(write_task, task_plan), RESULT_SCHEMA)
     try:
-        with _job_description(df.sparkSession, plan.job_description):
-            rows = job.collect()
+        rows = job.collect()
     except Exception as exc:
         orphans = (
             f"files already written under {plan.table_root} are not in the Delta log; VACUUM removes them"
@@ -310,17 +306,3 @@ def _normalize_root(table_root: str) -> str:
     if "://" in table_root or table_root.startswith("file:"):
         return table_root.rstrip("/")
     return os.path.abspath(table_root)
-
-
-@contextmanager
-def _job_description(spark: SparkSession, description: str | None) -> Iterator[None]:
-    # spark.sql.execution.arrow.maxRecordsPerBatch is left alone: 65536 instead of 10000 rows
-    # measured no faster here, and a session conf is shared by every thread of the driver.
-    context = spark.sparkContext
-    previous = context.getLocalProperty("spark.job.description")
-    if description is not None:
-        context.setJobDescription(description)
-    try:
-        yield
-    finally:
-        context.setLocalProperty("spark.job.description", previous)  # type: ignore[arg-type]

@@ -120,11 +120,10 @@ def test_a_deferrable_merge_runs_while_its_task_is_deferred(airflow_home: Airflo
     assert sorted(read_rows(str(items))) == [[0, "a"], [1, "B"], [2, "c"], [3, "d"], [4, "e"], [5, "f"],
                                              [9, "new"]]  # fmt: skip
     (metrics,) = _xcom(airflow_home, "merge_deferrable")
-    # A waiting run's XCom: the driver's metrics line (Spark jobs, stage times), not only the commit's.
+    # A waiting run's XCom: the driver's metrics line (with stage times), not only the commit's.
     assert (metrics["numTargetRowsUpdated"], metrics["numTargetRowsInserted"], metrics["tableVersion"]) == (
         1, 1, 1,
     )  # fmt: skip
-    assert metrics["numSparkJobs"] > 0
     assert metrics["stageTimesMs"]
     events = airflow_home.sql(
         "SELECT e.extra FROM asset_event e JOIN asset a ON a.id = e.asset_id WHERE a.uri = ?",
@@ -156,7 +155,7 @@ def test_a_durable_merge_retried_after_its_worker_died_follows_the_running_drive
     driver = DriverRef.from_dict(json.loads(stored[0]))
     assert driver.app_id.startswith("airflow:merge_durable.upsert_items:manual__")
     (metrics,) = _xcom(home, "merge_durable")
-    assert (metrics["skipped"], metrics["numSparkJobs"], metrics["tableVersion"]) == (False, 7, 1)
+    assert (metrics["skipped"], bool(metrics["stageTimesMs"]), metrics["tableVersion"]) == (False, True, 1)
     # The driver's UI was linked while it ran, and the link emptied once the driver had exited.
     assert "Spark application link: http://10.1.2.3:4041" in output
     assert _xcom(home, "merge_durable", "_link_SparkApplicationUiLink") == [""]

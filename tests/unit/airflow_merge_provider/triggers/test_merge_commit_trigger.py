@@ -149,7 +149,7 @@ def test_a_driver_that_exited_without_a_line_or_commit_ends_the_wait(tmp_path: P
 def test_the_commit_and_the_drivers_metrics_line_make_one_success(tmp_path: Path) -> None:
     table = create_table(tmp_path / "t")
     commit_merge(table, app_id="a", app_version=0)
-    driver, process = _driver(tmp_path, ['MERGE_METRICS_JSON={"numSparkJobs": 4}'], running=True)
+    driver, process = _driver(tmp_path, ['MERGE_METRICS_JSON={"numOutputRows": 4}'], running=True)
     try:
         trigger = MergeCommitTrigger(target=table, app_id="a", app_version=0, driver=driver, poll_interval=60)
         (event,) = asyncio.run(_events(trigger, limit=10))
@@ -157,7 +157,7 @@ def test_the_commit_and_the_drivers_metrics_line_make_one_success(tmp_path: Path
         process.kill()
     assert (event["status"], event["metrics"], event["commit"]["version"]) == (
         "success",
-        {"numSparkJobs": 4},
+        {"numOutputRows": 4},
         1,
     )
 

@@ -207,7 +207,7 @@ def test_lost_materialized_blocks_rerun_the_merge_with_a_more_durable_level(
     assert levels == [(1, True), (1, False), (2, False)]
     retries = [r.getMessage() for r in caplog.records if r.getMessage().startswith("MERGE retry")]
     assert len(retries) == 2
-    assert retries[0].startswith("MERGE retry 2 of 4: Blocks of the materialized merge source (RDD ")
+    assert retries[0].startswith("MERGE retry 2 of 4: Blocks of the materialized merge source (storage ")
     assert "storage level MEMORY_AND_DISK) were lost" in retries[0]
     assert retries[0].endswith("Running the merge again with storage level DISK_ONLY.")
     assert retries[1].endswith("Running the merge again with storage level DISK_ONLY_2.")

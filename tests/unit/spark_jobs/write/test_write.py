@@ -118,8 +118,7 @@ def test_partitioned_round_trip_with_tricky_values(spark: SparkSession, table_ro
     rows = [(i, TRICKY[i % len(TRICKY)], f"v{i}", days[i % 2], stamps[i % 3 % 2], 9 if i % 10 == 0 else i % 3)
             for i in range(120)]
     parts = ["s", "d", "ts"]
-    outcome = _write(spark, table_root, schema, rows, partition_columns=parts, drop_codes=[9],
-                     job_description="write tricky partitions")
+    outcome = _write(spark, table_root, schema, rows, partition_columns=parts, drop_codes=[9])
 
     assert dict(outcome.rows_by_code) == {9: 12, 0: 36, 1: 36, 2: 36}
     kept = [r for r in rows if r[-1] != 9]
@@ -200,16 +199,11 @@ def test_types_round_trip_in_delta_conformant_parquet(spark: SparkSession, table
     shuffled = StructType([*reversed(ALL_TYPES.fields), StructField(ACTION, IntegerType(), False)])
     df = spark.createDataFrame([(*reversed(r[:-1]), r[-1]) for r in rows], shuffled)
     previous = spark.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch")
-    spark.sparkContext.setJobDescription("outer stage")
-    try:
-        outcome = write_merge_output(df, MergeOutputPlan(
-            table_root=table_root.as_uri(), schema=ALL_TYPES, partition_columns=[], action_column=ACTION,
-            drop_codes=[], target_file_size=128 << 20, job_description="inner write",
-        ))
-        assert spark.sparkContext.getLocalProperty("spark.job.description") == "outer stage"
-        assert spark.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch") == previous
-    finally:
-        spark.sparkContext.setLocalProperty("spark.job.description", None)  # type: ignore[arg-type]
+    outcome = write_merge_output(df, MergeOutputPlan(
+        table_root=table_root.as_uri(), schema=ALL_TYPES, partition_columns=[], action_column=ACTION,
+        drop_codes=[], target_file_size=128 << 20,
+    ))
+    assert spark.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch") == previous
 
     assert outcome.num_written_rows == len(rows)
     for f in outcome.files:
