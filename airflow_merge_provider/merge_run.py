@@ -30,15 +30,21 @@ class MergeRun:
     """
 
     spec: MergeSpec
-    hook: MergeDriverHook
+    hook: MergeDriverHook | None  # None on Spark Connect: the task runs the driver logic itself
     log: Any
     committed: Callable[[], MergeCommit | None]
+
+    @property
+    def driver_hook(self) -> MergeDriverHook:
+        """The spark-submit hook of a merge run through spark-submit."""
+        assert self.hook is not None, "a Spark Connect merge has no spark-submit driver"
+        return self.hook
 
     def run_attached(self) -> dict[str, Any]:
         """Run spark-submit as a child, its output through a pipe, and wait for it; return the XCom."""
         from airflow_merge_provider.job_package import job_application
 
-        hook, spec = self.hook, self.spec
+        hook, spec = self.driver_hook, self.spec
         # A file keeps storage options off the command line; only a client-mode driver can read it.
         secrets = bool(spec.target.storage_options or spec.source.storage_options)
         in_file = hook.deploy_mode == "client" and secrets
@@ -59,11 +65,11 @@ class MergeRun:
         """
         from airflow_merge_provider.job_package import job_application
 
-        spec = self.spec
-        if self.hook.deploy_mode == "cluster":
-            self.hook.submit_job(job_application(), ["--spec-json", spec.to_json()])
+        spec, hook = self.spec, self.driver_hook
+        if hook.deploy_mode == "cluster":
+            hook.submit_job(job_application(), ["--spec-json", spec.to_json()])
             return None
-        driver = self.hook.start_driver(
+        driver = hook.start_driver(
             job_application(), spec_json=spec.to_json(), app_id=str(spec.run.app_id),
             app_version=int(spec.run.app_version or 0), spec_in_file=spec_in_file,
         )  # fmt: skip
@@ -73,8 +79,8 @@ class MergeRun:
 
     def follow(self, driver: DriverRef) -> dict[str, Any]:
         """Follow a detached driver's log into the task log until it exits; return the XCom."""
-        exit_code = self.hook.follow(driver)
-        hook = self.hook
+        hook = self.driver_hook
+        exit_code = hook.follow(driver)
         # Reconnected, this process cannot have the exit code: the job's own lines and the log decide.
         failed = hook.failure is not None or (hook.metrics is None if exit_code is None else exit_code != 0)
         return self.outcome(metrics=hook.metrics, failure=hook.failure, failed=failed)

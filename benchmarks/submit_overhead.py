@@ -14,6 +14,12 @@ merge's time is broken down into
 that start-up (the empty application's median), the merge itself as the job measures it
 (``executionTimeMs``, snapshot to commit, with its ``stageTimesMs``), and the rest (the job's imports,
 reading the spec, printing the metrics, shutdown). Goal: the merge adds <= 3 s over the empty application.
+
+Then the same merge in a Spark that is already up (``benchmarks/warm_merges.py``, ``--warm-repeats`` times
+after one warm-up, each into a fresh demo table): on a Spark Connect server started here from the pyspark
+installation (``local[2]``, the same confs; each merge opens a session, adds the job as its artifact, merges
+and releases the session, as a task does), and in a classic session. Goals: the Connect merge takes at most
+0.15x the spark-submit merge and at most 1.3x the warm classic session's.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import argparse
 import json
 import os
 import platform
+import socket
 import statistics
 import subprocess
 import sys
@@ -37,6 +44,9 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from run_example import JOB_ENTRY_POINT, METRICS_MARKER, check_result, prepare_demo  # noqa: E402
 
 GOAL_SECONDS = 3.0
+CONNECT_VS_SUBMIT_GOAL = 0.15
+CONNECT_VS_CLASSIC_GOAL = 1.3
+_CONNECT_SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 _EMPTY_APPLICATION = """
 from pyspark.sql import SparkSession
 spark = SparkSession.builder.appName("empty").getOrCreate()
@@ -69,6 +79,49 @@ def _timed(argv: Sequence[str]) -> tuple[float, str]:
     return seconds, done.stdout
 
 
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _warm_merges(*kind: str, repeats: int) -> list[float]:
+    """``benchmarks/warm_merges.py`` in a process of its own: the seconds of each warm merge."""
+    script = ROOT / "benchmarks" / "warm_merges.py"
+    _, stdout = _timed([sys.executable, str(script), *kind, "--repeats", str(repeats)])
+    seconds: list[float] = json.loads(stdout.strip().splitlines()[-1])["seconds"]
+    return seconds
+
+
+def _connect_merges(scratch: Path, repeats: int) -> list[float]:
+    """Warm merges on a Spark Connect server started (and stopped, by PID) here."""
+    port = _free_port()
+    spark_submit = Path(sys.executable).parent / "spark-submit"
+    argv = [
+        str(spark_submit), "--master", "local[2]", "--class", _CONNECT_SERVER_CLASS,
+        "--conf", "spark.ui.enabled=false", "--conf", "spark.log.level=WARN",
+        "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
+        "--conf", f"spark.connect.grpc.binding.port={port}", "spark-internal",
+    ]  # fmt: skip
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
+    with (scratch / "connect-server.log").open("wb") as log:
+        server = subprocess.Popen(argv, cwd=scratch, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit("the Spark Connect server did not start") from None
+                time.sleep(0.2)
+        return _warm_merges("--connect", f"sc://localhost:{port}", repeats=repeats)
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+
+
 def _merge_metrics(stdout: str) -> dict[str, Any]:
     for line in stdout.splitlines():
         if line.startswith(METRICS_MARKER):
@@ -82,6 +135,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--repeats", type=int, default=3, help="runs of each application (default 3)")
+    parser.add_argument("--warm-repeats", type=int, default=5,
+                        help="warm merges on Spark Connect and in a classic session (default 5)")
     args = parser.parse_args(argv)
     load_start = os.getloadavg()
     empty_times: list[float] = []
@@ -108,14 +163,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             merge_times.append(merge_seconds)
             runs.append({
                 "empty_s": empty_seconds, "floor_s": floor_seconds, "merge_s": merge_seconds,
-                "executionTimeMs": metrics["executionTimeMs"], "numSparkJobs": metrics["numSparkJobs"],
-                "stageTimesMs": metrics["stageTimesMs"],
+                "executionTimeMs": metrics["executionTimeMs"], "stageTimesMs": metrics["stageTimesMs"],
             })  # fmt: skip
             print(f"[{repeat}/{args.repeats}] empty application {empty_seconds:6.2f} s, "
                   f"Spark floor {floor_seconds:6.2f} s, "
-                  f"merge {merge_seconds:6.2f} s (merge itself {metrics['executionTimeMs'] / 1000:.2f} s, "
-                  f"{metrics['numSparkJobs']} Spark jobs)", flush=True)  # fmt: skip
+                  f"merge {merge_seconds:6.2f} s (merge itself {metrics['executionTimeMs'] / 1000:.2f} s)",
+                  flush=True)  # fmt: skip
+        connect_times = _connect_merges(Path(scratch), args.warm_repeats)
+        print(f"Spark Connect, warm: {', '.join(f'{s:.2f}' for s in connect_times)} s", flush=True)
+        classic_times = _warm_merges("--classic", repeats=args.warm_repeats)
+        print(f"classic session, warm: {', '.join(f'{s:.2f}' for s in classic_times)} s", flush=True)
     empty, merge = statistics.median(empty_times), statistics.median(merge_times)
+    connect, classic = statistics.median(connect_times), statistics.median(classic_times)
     floor = statistics.median(floor_times)
     median_run = min(runs, key=lambda r: abs(r["merge_s"] - merge))
     execution = median_run["executionTimeMs"] / 1000
@@ -135,6 +194,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     status = "PASS" if added <= GOAL_SECONDS else "FAIL"
     print(f"\n  {status}  the merge adds {added:.2f} s over the empty application "
           f"(goal <= {GOAL_SECONDS:.0f} s); {merge - floor:.2f} s over the Spark floor")
+    print(f"\n== warm merges, medians of {args.warm_repeats} after one warm-up ==")
+    print(f"  on a Spark Connect server (session, artifact, merge)  {connect:6.2f} s")
+    print(f"  in a warm classic session                             {classic:6.2f} s")
+    ratios = ((connect / merge, CONNECT_VS_SUBMIT_GOAL, "the spark-submit merge"),
+              (connect / classic, CONNECT_VS_CLASSIC_GOAL, "the warm classic session's"))  # fmt: skip
+    for ratio, goal, what in ratios:
+        status = "PASS" if ratio <= goal else "FAIL"
+        print(f"  {status}  Spark Connect takes {ratio:.2f}x {what} (goal <= {goal}x)")
+    print(f"  load average {os.getloadavg()[0]:.1f} at the end")
     return 0
 
 

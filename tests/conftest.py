@@ -27,6 +27,7 @@ pytest_plugins = ["tests.support.airflow_fixtures", "tests.support.object_store_
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from tests.support.connect_server import ConnectServer
     from tests.support.standalone_cluster import StandaloneCluster
 
 
@@ -73,6 +74,36 @@ def standalone_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sta
         yield cluster
 
 
+@pytest.fixture(scope="session")
+def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConnectServer]:
+    """The one Spark Connect server of the test session (``local[2]``, with a token), stopped by PID."""
+    from tests.support.connect_server import ConnectServer
+
+    with ConnectServer(tmp_path_factory.mktemp("spark-connect")) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def connect_client(connect_server: ConnectServer) -> Iterator[Any]:
+    from tests.support.connect_server import connect_mode
+
+    with connect_mode():
+        session = connect_server.session()
+    yield session
+    with connect_mode():
+        session.stop()
+
+
+@pytest.fixture
+def connect_spark(connect_client: Any) -> Iterator[Any]:
+    """A Spark Connect session on :func:`connect_server` with the job added as an artifact; pyspark's
+    functions build Connect columns for the test's duration (then classic ones again)."""
+    from tests.support.connect_server import connect_mode
+
+    with connect_mode():
+        yield connect_client
+
+
 @pytest.fixture
 def table_root(tmp_path: Path) -> Path:
     """A fresh directory for one Delta table."""
@@ -106,7 +137,9 @@ def copy_by_position(spark: SparkSession) -> Iterator[None]:
 INTEGRATION_DIR = ROOT / "tests" / "integration"
 SPARK_FIXTURES = frozenset({"spark"})
 # Fixtures that start a server, a cluster or an Airflow metadata database.
-INTEGRATION_FIXTURES = frozenset({"standalone_cluster", "s3_server", "azurite", "airflow_home"})
+INTEGRATION_FIXTURES = frozenset(
+    {"standalone_cluster", "s3_server", "azurite", "airflow_home", "connect_server"}
+)
 # Programs a fast test must not start: a JVM (Spark) or a server. A fake spark-submit (a Python script)
 # and the Python interpreter itself are fine.
 _HEAVY_PROGRAMS = frozenset({
@@ -129,7 +162,7 @@ def tiers_of(item: pytest.Item) -> set[str]:
 # Under pytest-xdist (scripts/test runs two workers, one a core), the tests of the session-wide servers and
 # cluster run on one worker, so that each is started once per run; every other test goes to whichever
 # worker is free. Each worker that runs a Spark test has the one SparkSession of its own test session.
-SHARED_SERVER_FIXTURES = frozenset({"standalone_cluster", "s3_server", "azurite"})
+SHARED_SERVER_FIXTURES = frozenset({"standalone_cluster", "s3_server", "azurite", "connect_server"})
 SHARED_SERVERS_GROUP = "shared-servers"
 
 
@@ -169,4 +202,5 @@ def _fast_tests_start_no_jvm_and_no_server(request: pytest.FixtureRequest) -> It
         yield
     finally:
         subprocess.Popen.__init__ = real_init  # type: ignore[method-assign]
+
 

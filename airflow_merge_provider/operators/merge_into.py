@@ -14,8 +14,13 @@ from airflow_merge_provider.argument_check import reject_unknown_arguments
 from airflow_merge_provider.assets import default_outlet, record_merge_event
 from airflow_merge_provider.driver_output import SparkApplication
 from airflow_merge_provider.driver_process import DriverRef, driver_state, remove_spec_file, stop_driver
-from airflow_merge_provider.errors import MergeProviderError, MergeSpecInvalidError
+from airflow_merge_provider.errors import MergeJobFailedError, MergeProviderError, MergeSpecInvalidError
 from airflow_merge_provider.hooks.merge_commit import MergeCommit, find_merge_commit
+from airflow_merge_provider.hooks.merge_connect import (
+    MergeConnectHook,
+    is_connect_connection,
+    server_unreachable,
+)
 from airflow_merge_provider.hooks.merge_driver import MergeDriverHook
 from airflow_merge_provider.lineage import with_openlineage_conf
 from airflow_merge_provider.links import (
@@ -35,6 +40,7 @@ from airflow_merge_provider.triggers.merge_commit import MergeCommitTrigger
 
 if TYPE_CHECKING:
     from pydantic import JsonValue
+    from pyspark.sql import SparkSession as ClassicSession
 
     from spark_jobs.delta_merge.contract import JobFailure, MergeSpec
 
@@ -249,6 +255,8 @@ class MergeIntoOperator(ResumableJobMixin, BaseOperator):
             openlineage_inject_transport_info, "spark_inject_transport_info"
         )
         self._hook: MergeDriverHook | None = None
+        self._connect_hook: MergeConnectHook | None = None
+        self._durable_requested = durable
         self._result: dict[str, Any] | None = None
         self._spec: MergeSpec | None = None
         self._job_result: dict[str, Any] | None = None
@@ -292,6 +300,9 @@ class MergeIntoOperator(ResumableJobMixin, BaseOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         spec = self.build_spec(context)
         self._spec = spec
+        on_connect = is_connect_connection(self.conn_id)
+        if on_connect:
+            self._refuse_modes_connect_cannot_run()
         self.log.info("Merge spec:\n%s", redacted(spec).to_json(indent=2))
         # From here on the spec may hold the connection's credentials: it stays local to this call.
         spec = with_connection_credentials(spec, self.aws_conn_id, log=self.log)
@@ -302,6 +313,8 @@ class MergeIntoOperator(ResumableJobMixin, BaseOperator):
                 spec.run.app_id, spec.run.app_version, spec.target.uri, committed.version,
             )  # fmt: skip
             return self._finish(context, spec, committed.metrics(skipped=True))
+        if on_connect:
+            return self._finish(context, spec, self._merge_on_connect(spec))
         deferred = self.deferrable and self.wait_for_completion
         hook = self._make_hook(spec, context, detached=deferred or not self.wait_for_completion)
         refuse_credentials_on_the_command_line(
@@ -331,6 +344,64 @@ class MergeIntoOperator(ResumableJobMixin, BaseOperator):
             # The driver's own UI died with it: its link would lead nowhere.
             self._push_links(context, hook, hook.application, live=False)
         return self._finish(context, spec, result)
+
+    # -- Spark Connect ---------------------------------------------------------------------------------
+
+    def _refuse_modes_connect_cannot_run(self) -> None:
+        """Deferring, fire and forget, and an explicit ``durable=True`` need a driver process to watch or
+        to reconnect to; on Spark Connect the driver logic is the task itself."""
+        asked = [
+            name for name, on in (("deferrable=True", self.deferrable and self.wait_for_completion),
+                                  ("wait_for_completion=False", not self.wait_for_completion),
+                                  ("durable=True", self._durable_requested is True)) if on
+        ]  # fmt: skip
+        if asked:
+            raise MergeSpecInvalidError(
+                f"MergeIntoOperator {self.task_id}: {' and '.join(asked)} cannot run on the Spark Connect "
+                f"connection {self.conn_id!r}: there the merge's driver logic runs in the task itself, with "
+                "no driver process for a trigger to watch or a retry to reconnect to. Leave them unset (a "
+                "retry after a crash finds the commit or merges once more, by the idempotency key), or use a "
+                "spark connection (spark-submit) for those modes."
+            )
+
+    def _merge_on_connect(self, spec: MergeSpec) -> dict[str, Any]:
+        """Run the merge's driver logic here, its Spark work on the connection's Spark Connect server."""
+        from spark_jobs.delta_merge.contract import (
+            MergeJobError,
+            failure_line,
+            metrics_line,
+            parse_failure_line,
+            parse_metrics_line,
+            run_merge,
+            spark_failure,
+        )
+
+        hook = self._connect_hook = MergeConnectHook(self.conn_id)
+        run = MergeRun(spec, None, self.log, lambda: self._committed(spec))
+        self.log.info("Merging into %s on the Spark Connect server %s", spec.target.uri, hook.server)
+        with hook.session() as spark:
+            try:
+                metrics = run_merge(cast("ClassicSession", spark), spec)
+            except MergeJobError as error:
+                failure = parse_failure_line(failure_line(error))
+                return run.outcome(metrics=None, failure=failure, failed=True, cause=error)
+            except Exception as error:
+                if server_unreachable(error) or not hook.listening():
+                    committed = self._committed(spec)
+                    if committed is not None:
+                        self.log.warning("The Spark Connect server went away after the merge committed "
+                                         "version %d: reporting that commit", committed.version)  # fmt: skip
+                        return committed.metrics()
+                    raise MergeJobFailedError(
+                        f"MERGE into {spec.target.uri} failed: {hook.unreachable(error, doing='merging')} "
+                        "Nothing was committed; a retry (the task's retries, or clearing it) runs the merge "
+                        "again."
+                    ) from None
+                failure = parse_failure_line(failure_line(spark_failure(error) or error))
+                return run.outcome(metrics=None, failure=failure, failed=True, cause=error)
+        # Through the metrics line, as a spark-submit run's metrics come: the same XCom either way.
+        printed = parse_metrics_line(metrics_line(metrics.to_dict()))
+        return run.outcome(metrics=printed, failure=None, failed=False)
 
     def _committed(self, spec: MergeSpec) -> MergeCommit | None:
         """The merge's commit, if the target's log holds it (never for a dry run)."""
@@ -367,7 +438,7 @@ class MergeIntoOperator(ResumableJobMixin, BaseOperator):
         if driver is not None:
             result |= {"pid": driver.pid, "driverLog": driver.driver_log}
         self.log.info("Submitted merge %s to %s; wait for its commit with MergeCommitSensor", spec.run.app_id,
-                      run.hook.master)  # fmt: skip
+                      run.driver_hook.master)  # fmt: skip
         return result
 
     # -- durable: ResumableJobMixin --------------------------------------------------------------------
@@ -450,7 +521,7 @@ class MergeIntoOperator(ResumableJobMixin, BaseOperator):
             spec, self._make_hook(spec, None, detached=True), self.log, lambda: self._committed(spec)
         )
         ref = None if event.get("driver") is None else DriverRef.from_dict(event["driver"])
-        if ref is not None and not run.hook.replay(ref):
+        if ref is not None and not run.driver_hook.replay(ref):
             self.log.info("The driver's output is on host %s, in %s", ref.host, ref.driver_log)
         if event.get("status") == "success":
             metrics = event.get("metrics")
@@ -467,7 +538,7 @@ class MergeIntoOperator(ResumableJobMixin, BaseOperator):
             result = run.outcome(metrics=None, failure=failure, failed=True)
         else:
             raise MergeProviderError(f"Waiting for the merge into {spec.target.uri}: {event.get('message')}")
-        self._push_links(context, run.hook, run.hook.application, live=False)
+        self._push_links(context, run.driver_hook, run.driver_hook.application, live=False)
         return self._finish(context, spec, result)
 
     # -- results ---------------------------------------------------------------------------------------
@@ -496,6 +567,8 @@ class MergeIntoOperator(ResumableJobMixin, BaseOperator):
     def on_kill(self) -> None:
         if self._hook is not None:
             self._hook.on_kill()
+        if self._connect_hook is not None:
+            self._connect_hook.interrupt()
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
         """Source as input, target as output with row and byte statistics; None without the openlineage

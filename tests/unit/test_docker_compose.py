@@ -37,14 +37,14 @@ EXAMPLES = ROOT / "dags_examples"
 README = ROOT / "README.md"
 SERVICES = {
     "postgres", "airflow-init", "airflow-apiserver", "airflow-scheduler", "airflow-dag-processor",
-    "airflow-triggerer", "spark-master", "spark-worker-1", "spark-worker-2",
+    "airflow-triggerer", "spark-master", "spark-worker-1", "spark-worker-2", "spark-connect",
 }  # fmt: skip
 # LocalExecutor: tasks, and so the Spark driver, run in the scheduler's container.
 TASK_RUNNER = "airflow-scheduler"
 SPARK_WORKERS = ("spark-worker-1", "spark-worker-2")
 # Who touches the tables: the driver (the task), the executors, and the triggerer, where
 # MergeCommitSensor's deferred trigger reads the Delta log.
-TABLE_READERS = (TASK_RUNNER, "airflow-triggerer", *SPARK_WORKERS)
+TABLE_READERS = (TASK_RUNNER, "airflow-triggerer", *SPARK_WORKERS, "spark-connect")
 DAG_PARSERS = (TASK_RUNNER, "airflow-dag-processor")
 # The apache/airflow image's $AIRFLOW_HOME/dags, used when AIRFLOW__CORE__DAGS_FOLDER is not set.
 IMAGE_DAGS_FOLDER = "/opt/airflow/dags"
@@ -345,6 +345,28 @@ def test_the_examples_connection_reaches_the_compose_spark_master(
         assert services[worker]["hostname"] == worker
     # Executors connect back to the driver by the task runner's name.
     assert services[TASK_RUNNER]["hostname"] == TASK_RUNNER
+
+
+def test_the_spark_connect_connection_reaches_the_connect_server_on_the_cluster(
+    services: dict[str, Service], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow_merge_provider.hooks.merge_connect import MergeConnectHook, is_connect_connection
+
+    env = services[TASK_RUNNER]["environment"]
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_CONNECT", env["AIRFLOW_CONN_SPARK_CONNECT"])
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_CLUSTER", env["AIRFLOW_CONN_SPARK_CLUSTER"])
+    assert is_connect_connection("spark_connect")
+    server = urlsplit(MergeConnectHook("spark_connect").server)
+    connect = services[server.hostname]
+    command = connect["command"]
+    assert connect["entrypoint"][-1] == "spark-submit"
+    assert _option(command, "--class") == "org.apache.spark.sql.connect.service.SparkConnectServer"
+    assert f"spark.connect.grpc.binding.port={server.port}" in command
+    # It runs on the compose cluster and leaves spark-submit merges a core.
+    assert _option(command, "--master") == MergeSubmitHook(conn_id="spark_cluster").master
+    assert "spark.cores.max=1" in command
+    assert connect["healthcheck"]["test"][0] == "CMD-SHELL"
+    assert str(server.port) in connect["healthcheck"]["test"][1]
 
 
 def test_the_tables_volume_is_shared_at_the_examples_data_dir(

@@ -1,0 +1,150 @@
+"""The merge job on a Spark Connect server gives what it gives on a classic session: Delta's MERGE scenarios
+and the differential cases run on both session kinds, outcome by outcome; the job's code reaches the
+server's Python workers as a session artifact; the server admits only clients with its token."""
+
+from __future__ import annotations
+
+import shutil
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+
+from tests.support.connect_server import ConnectServer, connect_mode
+from tests.support.delta_reader import read_rows, read_rows_with_kernel, table_version
+from tests.support.scenario_harness import create_target, dataframe, load_scenarios, merge_spec, multiset
+from tests.unit.spark_jobs.test_differential import (
+    METRICS,
+    NUM_CASES,
+    _rows,
+    _run_delta_rs,
+    _write_target,
+    generate_case,
+)
+
+SCENARIOS = load_scenarios()
+# What differs between two runs of one merge whatever the session: times.
+TIMES = {"executionTimeMs", "scanTimeMs", "rewriteTimeMs", "materializeSourceTimeMs", "stageTimesMs"}
+
+
+def scenario_outcome(spark: Any, target: Path, scenario: dict[str, Any]) -> dict[str, Any]:
+    """Run one scenario into ``target`` (a copy of its target table): the rows, metrics and version, or
+    the error."""
+    from spark_jobs.delta_merge import run_merge
+    from spark_jobs.delta_merge.errors import MergeJobError
+
+    view = "source_" + scenario["id"].replace("-", "_")
+    dataframe(spark, scenario["source_schema"], scenario["source_rows"]).createOrReplaceTempView(view)
+    columns = None
+    if "expected_schema" in scenario:
+        columns = [f.name for f in spark.createDataFrame([], scenario["expected_schema"]).schema]
+    try:
+        metrics = run_merge(spark, merge_spec(scenario, target, view)).to_dict()
+    except MergeJobError as error:
+        failure = (type(error).__name__, error.error_class, str(error))
+        return {"error": failure, "version": table_version(target)}
+    rows = read_rows(target, columns=columns)
+    assert multiset(read_rows_with_kernel(target, columns=columns)) == multiset(rows)
+    kept = {k: v for k, v in metrics.items() if k not in TIMES}
+    return {"rows": multiset(rows), "metrics": kept, "version": table_version(target)}
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=[s["id"] for s in SCENARIOS])
+def test_each_scenario_has_the_same_outcome_on_both_session_kinds(
+    spark: Any, connect_server: ConnectServer, connect_client: Any, tmp_path: Path, scenario: dict[str, Any]
+) -> None:
+    # One target table, copied: both sessions merge into the same bytes.
+    create_target(spark, tmp_path / "target", scenario)
+    shutil.copytree(tmp_path / "target", tmp_path / "connect")
+    classic = scenario_outcome(spark, tmp_path / "target", scenario)
+    with connect_mode():
+        connected = scenario_outcome(connect_client, tmp_path / "connect", scenario)
+    differing = {
+        key: (connected.get("metrics", {}).get(key), classic.get("metrics", {}).get(key))
+        for key in {*connected.get("metrics", {}), *classic.get("metrics", {})}
+        if connected.get("metrics", {}).get(key) != classic.get("metrics", {}).get(key)
+    }
+    assert differing == {}, "metrics differ (Connect, classic)"
+    assert connected == classic
+    if "expected_error" in scenario:
+        assert scenario["expected_error"].lower() in connected["error"][2].lower()
+    else:
+        assert connected["rows"] == multiset(scenario["expected_rows"])
+
+
+@pytest.mark.parametrize("seed", range(0, NUM_CASES, 4), ids=[f"seed{s}" for s in range(0, NUM_CASES, 4)])
+def test_differential_cases_match_delta_rs_on_connect(connect_spark: Any, tmp_path: Path, seed: int) -> None:
+    from spark_jobs.delta_merge import run_merge
+    from spark_jobs.delta_merge.errors import MultipleSourceRowMatchesError
+
+    case = generate_case(seed)
+    ours, theirs, source = tmp_path / "ours", tmp_path / "theirs", tmp_path / "source"
+    _write_target(ours, case)
+    _write_target(theirs, case)
+    source.mkdir()
+    pq.write_table(case.source, source / "part-0.parquet")
+    spec = {"target": {"uri": str(ours)}, "source": {"uri": str(source), "format": "parquet"},
+            "merge_sql": case.merge_sql()}  # fmt: skip
+    if case.expect_multiple_match_error:
+        version = table_version(ours)
+        with pytest.raises(MultipleSourceRowMatchesError):
+            run_merge(connect_spark, spec)
+        assert table_version(ours) == version
+        return
+    expected = _run_delta_rs(theirs, case)
+    metrics = run_merge(connect_spark, spec).to_dict()
+    assert _rows(ours) == _rows(theirs), case.describe()
+    assert {o: metrics[o] for o, _ in METRICS} == {o: expected[t] for o, t in METRICS}, case.describe()
+
+
+def test_the_job_reaches_the_servers_workers_as_this_sessions_artifact(
+    connect_server: ConnectServer, connect_spark: Any, tmp_path: Path
+) -> None:
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StringType
+
+    def job_file(_: Any) -> str:
+        import spark_jobs.delta_merge
+
+        return str(spark_jobs.delta_merge.__file__)
+
+    where = connect_spark.range(1).select(F.udf(job_file, StringType())("id")).collect()[0][0]
+    # Not this tree (the server's workers do not have it on their path): the session's copy of the zip.
+    assert "spark_jobs.zip" in where
+    assert not where.startswith(str(Path.cwd()))
+
+    # Another session with another build of the job sees its own build only.
+    other_zip = tmp_path / "spark_jobs.zip"
+    from airflow_merge_provider.job_package import job_py_files
+
+    shutil.copy(job_py_files(), other_zip)
+    with zipfile.ZipFile(other_zip, "a") as archive:
+        archive.writestr("spark_jobs/build_marker.py", "BUILD = 'other'\n")
+
+    def marker(_: Any) -> str:
+        try:
+            import spark_jobs.build_marker as found  # type: ignore[import-not-found]
+        except ImportError:
+            return "none"
+        return str(found.BUILD)
+
+    other = connect_server.session(with_job=False)
+    try:
+        other.addArtifacts(str(other_zip), pyfile=True)
+        assert other.range(1).select(F.udf(marker, StringType())("id")).collect()[0][0] == "other"
+        assert connect_spark.range(1).select(F.udf(marker, StringType())("id")).collect()[0][0] == "none"
+    finally:
+        other.stop()
+
+
+def test_a_client_without_the_servers_token_is_refused(connect_server: ConnectServer) -> None:
+    from pyspark.errors import PySparkException
+
+    with connect_mode():
+        for token in ("wrong-token",):
+            with pytest.raises((PySparkException, Exception)) as refused:
+                connect_server.session(token=token).range(1).collect()
+            assert "UNAUTHENTICATED" in str(refused.value) or "token" in str(refused.value).lower()
+            assert connect_server.token not in str(refused.value)
