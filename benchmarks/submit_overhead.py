@@ -17,8 +17,8 @@ reading the spec, printing the metrics, shutdown). Goal: the merge adds <= 3 s o
 
 Then the same merge in a Spark that is already up (``benchmarks/warm_merges.py``, ``--warm-repeats`` times
 after one warm-up, each into a fresh demo table): on a Spark Connect server started here from the pyspark
-installation (``local[2]``, the same confs; each merge opens a session, adds the job as its artifact, merges
-and releases the session, as a task does), and in a classic session. Goals: the Connect merge takes at most
+installation (``local[2]``, the same confs; each merge leases a session from the operator's pool and adds
+the job as its artifact, as a task does), and in a classic session. Goals: the Connect merge takes at most
 0.15x the spark-submit merge and at most 1.3x the warm classic session's.
 """
 

@@ -7,8 +7,9 @@ Connect or classic columns for the whole process)::
     .venv/bin/python benchmarks/warm_merges.py --classic --repeats 5
 
 Each repeat merges into a freshly written demo table, after one merge that warms the session up. On Spark
-Connect a repeat costs what a task pays: a new session, the job added as its artifact, the merge, the
-session released. Prints one JSON line: the seconds of each repeat.
+Connect a repeat costs what a task pays (``MergeConnectHook.session``): a session leased from the warm pool
+(the job added as its artifact), the merge, the session handed back. Prints one JSON line: the seconds of
+each repeat.
 """
 
 from __future__ import annotations
@@ -31,26 +32,23 @@ from run_example import check_result, prepare_demo  # noqa: E402
 
 
 def _connect_merge(url: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
-    from pyspark.sql.connect.client import DefaultChannelBuilder
-    from pyspark.sql.connect.session import SparkSession
+    """A merge as MergeIntoOperator runs it on a spark_connect connection: a session leased from the
+    hook's pool (the job added as its artifact), the merge, the session handed back."""
+    from urllib.parse import urlsplit
 
-    from airflow_merge_provider.job_package import job_py_files
+    from airflow_merge_provider.hooks.merge_connect import MergeConnectHook
     from spark_jobs.delta_merge import run_merge
 
-    os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
+    address = urlsplit(url)
+    conn = {"conn_type": "spark_connect", "host": address.hostname, "port": address.port}
+    token = os.environ.get("SPARK_CONNECT_AUTHENTICATE_TOKEN")
+    if token:
+        conn["password"] = token
+    os.environ["AIRFLOW_CONN_MERGE_BENCHMARK"] = json.dumps(conn)
 
     def merge(spec: dict[str, Any]) -> dict[str, Any]:
-        channel = DefaultChannelBuilder(url.rstrip("/") + "/")
-        token = os.environ.get("SPARK_CONNECT_AUTHENTICATE_TOKEN")
-        if token:
-            channel.set("token", token)
-        spark = SparkSession.builder.channelBuilder(channel).create()
-        SparkSession._active_session.session = spark
-        try:
-            spark.addArtifacts(job_py_files(), pyfile=True)
+        with MergeConnectHook("merge_benchmark").session() as spark:
             return run_merge(spark, spec).to_dict()  # type: ignore[arg-type]
-        finally:
-            spark.stop()
 
     return merge
 

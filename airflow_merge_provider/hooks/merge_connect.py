@@ -1,23 +1,35 @@
-"""The merge on a Spark Connect server: a session of its own per run, the job's code as session artifacts.
+"""The merge on a Spark Connect server: sessions leased from a warm pool, the job's code as their artifact.
 
 The connection is the apache-spark provider's ``spark_connect`` type (host, port, login = user id,
-password = the server's authentication token, extras ``use_ssl`` and ``max_retries``: how often an unanswered
-call is retried, about 14 s for the default 6). The merge's driver logic (reading the
-Delta log, planning, committing) runs in the task's own process; Spark work runs on the server, whose Python
-workers get the packaged job (``spark_jobs.zip``) as an artifact of this session only: a shared server
-needs nothing of this provider installed, and two provider versions on one server never run each other's
-code. The server's Python needs the job's third-party libraries (pyarrow, deltalake, obstore, pyroaring).
+password = the server's authentication token; extras ``use_ssl``, ``max_retries``: how often an unanswered
+call is retried, about 14 s for the default 6, and ``session_pool_size``: the warm sessions kept, default 4).
+The merge's driver logic (reading the Delta log, planning, committing) runs in the task's own process; Spark
+work runs on the server, whose Python workers get the packaged job (``spark_jobs.zip``) as an artifact of
+the session: a shared server needs nothing of this provider installed, and two provider versions on one
+server never run each other's code (their sessions are apart). The server's Python needs the job's
+third-party libraries (pyarrow, deltalake, obstore, pyroaring, numpy).
+
+A session's Python workers start on its first query (over a second); a session kept on the server between
+merges keeps them. The pool of such sessions, one merge at a time each, is written by hand (a lock file per
+slot): pyspark and the provider's hook open one session per client and have no pool.
 
 The token travels in the gRPC channel's credentials, never in a URL this module logs or puts in a message.
 """
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import os
+import re
 import socket
+import tempfile
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
 
 from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
 
@@ -32,6 +44,12 @@ CONNECT_CONN_TYPE = SparkConnectHook.conn_type
 _CONNECT_MODE = "SPARK_CONNECT_MODE_ENABLED"
 # Retries of a call the server did not answer: 50 ms growing fourfold up to 5 s, about 14 s for six.
 _RETRIES_EXTRA = "max_retries"
+# Warm sessions kept per server, user, Airflow host and job build (extra session_pool_size).
+_POOL_EXTRA = "session_pool_size"
+_DEFAULT_POOL_SIZE = 4
+_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")
+# The server closed the session (released, expired) or no longer has it.
+_SESSION_GONE = re.compile(r"INVALID_HANDLE\.SESSION_(CLOSED|CHANGED|NOT_FOUND)")
 _DEFAULT_PORT = 15002
 _DEFAULT_RETRIES = 6
 _MAX_BACKOFF_MS = 5000
@@ -67,54 +85,93 @@ class MergeConnectHook(SparkConnectHook):
 
     @contextmanager
     def session(self) -> Iterator[SparkSession]:
-        """A new Spark Connect session with the job's code added, stopped (released) on exit.
+        """A Spark Connect session with the job's code added, for one merge at a time.
 
-        A new session each time: one whose server restarted is never reused.
+        Sessions are leased from a pool (the connection's extra ``session_pool_size``, default 4) kept per
+        server, user, Airflow host and job build: the server keeps a session's Python workers up between
+        merges, which a new session would start again (over a second). A session holds one merge at a time
+        (its temporary views and confs are the merge's), and a job build only its own code. When every
+        session is leased, or with a pool size of 0, a session of its own is opened and released after.
+        A session the server no longer knows (it restarted, or let the session expire) is opened anew.
         """
+        from pyspark.sql.connect.session import SparkSession
+
+        conn = self.get_connection(self.conn_id)
+        pool_size = int(conn.extra_dejson.get(_POOL_EXTRA, _DEFAULT_POOL_SIZE))
+        # pyspark's functions build Spark Connect columns only while this is set (what builder.remote() sets).
+        previous_mode = os.environ.get(_CONNECT_MODE)
+        os.environ[_CONNECT_MODE] = "1"
+        active = getattr(SparkSession._active_session, "session", None)
+        try:
+            with _leased_session_id(self._pool_key(conn), pool_size) as lease:
+                spark = self._open(conn, lease)
+                # pyspark binds what a Connect command returns (a checkpointed DataFrame: the materialized
+                # source) to the thread's active session, the first one created unless set: this one.
+                SparkSession._active_session.session = spark
+                self._session = spark
+                try:
+                    yield spark
+                finally:
+                    self._session = None
+                    self._close(spark, keep=lease is not None)
+        finally:
+            SparkSession._active_session.session = active
+            _restore(previous_mode)
+
+    def _open(self, conn: Any, lease: _Lease | None) -> SparkSession:
         from pyspark.sql.connect.client import DefaultChannelBuilder
         from pyspark.sql.connect.client.retries import DefaultPolicy
         from pyspark.sql.connect.session import SparkSession
 
         from airflow_merge_provider.job_package import job_py_files
 
-        conn = self.get_connection(self.conn_id)
         params = []
         if conn.login:
             params.append(f"{self.PARAM_USER_ID}={conn.login}")
         use_ssl = conn.extra_dejson.get(self.PARAM_USE_SSL)
         if use_ssl is not None:
             params.append(f"{self.PARAM_USE_SSL}={str(use_ssl).lower()}")
-        channel = DefaultChannelBuilder(self.server + "/" + (";" + ";".join(params) if params else ""))
-        if conn.password:
-            channel.set(self.PARAM_TOKEN, conn.password)
-        # pyspark's functions build Spark Connect columns only while this is set (what builder.remote() sets).
-        previous_mode = os.environ.get(_CONNECT_MODE)
-        os.environ[_CONNECT_MODE] = "1"
-        try:
-            spark = SparkSession.builder.channelBuilder(channel).create()
-            # pyspark retries an unanswered call for 10 minutes by default; a task gives up sooner (and is
-            # retried by Airflow, which the idempotency key makes safe).
-            retries = int(conn.extra_dejson.get(_RETRIES_EXTRA, _DEFAULT_RETRIES))
-            spark.client.set_retry_policies([DefaultPolicy(max_retries=retries, max_backoff=_MAX_BACKOFF_MS)])
-            spark.addArtifacts(job_py_files(), pyfile=True)
-        except Exception as error:
-            _restore(previous_mode)
-            raise self.unreachable(error, doing="opening a session") from None
-        # pyspark binds what a Connect command returns (a checkpointed DataFrame: the materialized source)
-        # to the thread's active session, which is the first one created unless set: make it this one.
-        active = getattr(SparkSession._active_session, "session", None)
-        SparkSession._active_session.session = spark
-        self._session = spark
-        try:
-            yield spark
-        finally:
-            self._session = None
-            SparkSession._active_session.session = active
-            _restore(previous_mode)
+        retries = int(conn.extra_dejson.get(_RETRIES_EXTRA, _DEFAULT_RETRIES))
+        for attempt in (1, 2):
+            session_params = params + ([f"session_id={lease.session_id}"] if lease is not None else [])
+            channel = DefaultChannelBuilder(self.server + "/;" + ";".join(session_params))
+            if conn.password:
+                channel.set(self.PARAM_TOKEN, conn.password)
             try:
-                spark.stop()
-            except Exception as error:  # a server gone after the merge: nothing left to release
-                self.log.info("Releasing the Spark Connect session failed: %s", _first_line(error))
+                spark = SparkSession.builder.channelBuilder(channel).create()
+                # pyspark retries an unanswered call for 10 minutes by default; a task gives up sooner (and
+                # is retried by Airflow, which the idempotency key makes safe).
+                policy = DefaultPolicy(max_retries=retries, max_backoff=_MAX_BACKOFF_MS)
+                spark.client.set_retry_policies([policy])
+                try:
+                    spark.addArtifacts(job_py_files(), pyfile=True)
+                except Exception as error:
+                    # A leased session has this build's job already (its pool is this build's).
+                    if lease is None or "ARTIFACT_ALREADY_EXISTS" not in str(error):
+                        raise
+                return spark
+            except Exception as error:
+                if lease is not None and attempt == 1 and _SESSION_GONE.search(str(error)):
+                    lease.renew()  # the server closed that session: open another under this slot
+                    continue
+                raise self.unreachable(error, doing="opening a session") from None
+        raise AssertionError("unreachable")
+
+    def _close(self, spark: SparkSession, *, keep: bool) -> None:
+        try:
+            if keep:
+                spark.client.close()  # the server keeps the session, and its Python workers, for the next
+            else:
+                spark.stop()  # released on the server too
+        except Exception as error:  # a server gone after the merge: nothing left to release
+            self.log.info("Closing the Spark Connect session failed: %s", _first_line(error))
+
+    def _pool_key(self, conn: Any) -> str:
+        from airflow_merge_provider.job_package import job_py_files
+
+        build = Path(job_py_files()).parent.name  # <version>-<content digest>
+        seed = f"{self.server}|{conn.login or ''}|{socket.gethostname()}|{build}"
+        return hashlib.sha256(seed.encode()).hexdigest()[:24]
 
     def listening(self) -> bool:
         """Whether anything accepts a TCP connection at the server's address now (a killed or restarting
@@ -152,6 +209,47 @@ def server_unreachable(error: BaseException) -> bool:
             return True
         current = current.__cause__ or current.__context__
     return False
+
+
+@dataclass
+class _Lease:
+    """One slot of a session pool, held (flock) by this process: the session id it keeps."""
+
+    handle: IO[str]
+    session_id: str
+
+    def renew(self) -> None:
+        self.session_id = str(uuid.uuid4())
+        self.handle.seek(0)
+        self.handle.truncate()
+        self.handle.write(self.session_id)
+        self.handle.flush()
+
+
+@contextmanager
+def _leased_session_id(key: str, pool_size: int) -> Iterator[_Lease | None]:
+    """The first free slot of pool ``key`` (its session id), held until the block ends; None when every
+    slot is held by another merge."""
+    folder = Path(tempfile.gettempdir()) / "airflow-merge-provider" / "connect-sessions" / key
+    folder.mkdir(parents=True, exist_ok=True)
+    for slot in range(pool_size):
+        handle = (folder / f"slot-{slot}").open("a+", encoding="utf-8")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            continue
+        try:
+            handle.seek(0)
+            lease = _Lease(handle, handle.read().strip())
+            if not _UUID.fullmatch(lease.session_id):
+                lease.renew()
+            yield lease
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+            handle.close()
+        return
+    yield None
 
 
 def _restore(previous_mode: str | None) -> None:

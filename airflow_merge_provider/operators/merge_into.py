@@ -116,7 +116,10 @@ class MergeIntoOperator(ResumableJobMixin, BaseOperator):
     :param dry_run: compute the metrics without writing or committing (None: as ``options`` say).
     :param commit_metadata: JSON values recorded in the commit's ``commitInfo`` (next to the task's ids
         under ``"airflow"``). (templated)
-    :param conn_id: the Spark connection (a missing one is an error, not a silent fall back to yarn).
+    :param conn_id: the Spark connection (a missing one is an error, not a silent fall back to yarn). A
+        ``spark_connect`` connection merges on that Spark Connect server: the driver logic runs in the task,
+        the Spark work on the server, and ``deferrable``, ``wait_for_completion=False`` and ``durable=True``
+        are refused (they need a driver process); the spark-submit arguments do not apply.
     :param spark_conf: extra ``--conf`` pairs. (templated)
     :param executor_memory: as SparkSubmitHook.
     :param driver_memory: as SparkSubmitHook.

@@ -111,6 +111,24 @@ def test_an_s3_merge_on_spark_connect_keeps_the_secret_out_of_the_server_and_the
     assert secret not in str(connect_spark.sql("EXPLAIN EXTENDED SELECT 1").collect())
 
 
+def test_merges_lease_warm_sessions_one_at_a_time(
+    connect_server: ConnectServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow_merge_provider.hooks.merge_connect import MergeConnectHook
+
+    _connection(monkeypatch, connect_server)
+    with MergeConnectHook(CONN_ID).session() as spark:
+        first = spark.client._session_id
+        assert spark.range(3).count() == 3
+        # A merge running meanwhile gets another session.
+        with MergeConnectHook(CONN_ID).session() as other:
+            assert other.client._session_id != first
+    # The next merge gets the first session back, with the job already added to it.
+    with MergeConnectHook(CONN_ID).session() as spark:
+        assert spark.client._session_id == first
+        assert spark.range(2).count() == 2
+
+
 @pytest.fixture
 def own_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[ConnectServer]]:
     """A server of this test's own, to kill; the list gains the one started after it."""

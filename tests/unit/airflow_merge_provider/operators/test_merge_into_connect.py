@@ -69,3 +69,26 @@ def test_a_server_that_does_not_answer_is_named_without_its_token(connect_conn: 
     assert "'spark_connect_test'" in message
     assert TOKEN not in message
     assert unreachable.value.__cause__ is None  # not chained: pyspark's error may repeat the channel's URL
+
+
+def test_leases_hand_each_merge_a_slot_of_its_own_and_keep_its_session(tmp_path: Path) -> None:
+    from airflow_merge_provider.hooks.merge_connect import _leased_session_id
+
+    key = f"test-{tmp_path.name}"
+    with _leased_session_id(key, 2) as first:
+        assert first is not None
+        with _leased_session_id(key, 2) as second, _leased_session_id(key, 2) as third:
+            assert second is not None
+            assert second.session_id != first.session_id
+            assert third is None  # every slot is leased: the merge opens a session of its own
+        kept = first.session_id
+    with _leased_session_id(key, 2) as again:
+        assert again is not None
+        assert again.session_id == kept  # the server's session, and its warm Python workers, are reused
+        again.renew()  # the server no longer had it
+        renewed = again.session_id
+    with _leased_session_id(key, 2) as after:
+        assert after is not None
+        assert after.session_id == renewed != kept
+    with _leased_session_id(key, 0) as none:
+        assert none is None
