@@ -19,6 +19,7 @@ The token travels in the gRPC channel's credentials, never in a URL this module 
 from __future__ import annotations
 
 import fcntl
+import gc
 import hashlib
 import os
 import re
@@ -160,6 +161,10 @@ class MergeConnectHook(SparkConnectHook):
     def _close(self, spark: SparkSession, *, keep: bool) -> None:
         try:
             if keep:
+                # DataFrames the merge checkpointed (its materialized source) are released on the server
+                # when collected, which pyspark skips once the client is closed: collect them first, or the
+                # kept session would hold them until it expires.
+                gc.collect()
                 spark.client.close()  # the server keeps the session, and its Python workers, for the next
             else:
                 spark.stop()  # released on the server too
