@@ -164,14 +164,26 @@ def tiers_of(item: pytest.Item) -> set[str]:
 # worker is free. Each worker that runs a Spark test has the one SparkSession of its own test session.
 SHARED_SERVER_FIXTURES = frozenset({"standalone_cluster", "s3_server", "azurite", "connect_server"})
 SHARED_SERVERS_GROUP = "shared-servers"
+# The Spark Connect server's tests form a group of their own, so that they can run beside the other
+# servers' (each group stays on one worker, which starts its servers once). A test that uses the Connect
+# server and another server runs in this group: that worker starts the other server too.
+CONNECT_GROUP = "spark-connect"
+
+
+def server_group(fixtures: set[str]) -> str | None:
+    """The xdist group of a test that uses ``fixtures``: None when it uses no shared server."""
+    if "connect_server" in fixtures:
+        return CONNECT_GROUP
+    return SHARED_SERVERS_GROUP if fixtures & SHARED_SERVER_FIXTURES else None
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         for tier in sorted(tiers_of(item)):
             item.add_marker(tier)
-        if set(getattr(item, "fixturenames", ())) & SHARED_SERVER_FIXTURES:
-            item.add_marker(pytest.mark.xdist_group(SHARED_SERVERS_GROUP))
+        group = server_group(set(getattr(item, "fixturenames", ())))
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(autouse=True)

@@ -32,10 +32,11 @@ class ConnectServer:
     them only as a session's artifact.
     """
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, port: int | None = None, token: str | None = None) -> None:
+        """:param port: and ``token``: those of a server this one restarts (default: new ones)."""
         self.root = root
-        self.port = free_port()
-        self.token = secrets.token_hex(16)
+        self.port = port or free_port()
+        self.token = token or secrets.token_hex(16)
         self.log = root / "server.log"
         self.process: subprocess.Popen[bytes] | None = None
 

@@ -13,8 +13,8 @@ from tests.conftest import (
     INTEGRATION_DIR,
     INTEGRATION_FIXTURES,
     SHARED_SERVER_FIXTURES,
-    SHARED_SERVERS_GROUP,
     SPARK_FIXTURES,
+    server_group,
 )
 
 
@@ -29,8 +29,8 @@ def test_every_collected_test_carries_the_markers_of_what_it_uses(request: pytes
         if integration and "integration" not in markers:
             wrong.append(f"{item.nodeid}: starts a server or is under tests/integration, not integration")
         groups = [m.args[0] for m in item.iter_markers("xdist_group")]
-        if fixtures & SHARED_SERVER_FIXTURES and groups != [SHARED_SERVERS_GROUP]:
-            wrong.append(f"{item.nodeid}: uses a shared server outside the {SHARED_SERVERS_GROUP} group")
+        if fixtures & SHARED_SERVER_FIXTURES and groups != [server_group(fixtures)]:
+            wrong.append(f"{item.nodeid}: uses a shared server outside the {server_group(fixtures)} group")
     assert wrong == []
     assert request.node.get_closest_marker("spark") is None  # this test itself is in the fast tier
 
@@ -48,3 +48,9 @@ def test_a_fast_test_may_start_python_and_a_fake_it_wrote(tmp_path: Path) -> Non
     fake.chmod(0o755)
     assert subprocess.run([str(fake)], capture_output=True, text=True, check=True).stdout == "fake\n"
     assert subprocess.run([sys.executable, "-c", "print(1)"], capture_output=True, text=True).stdout == "1\n"
+
+
+def test_the_connect_servers_tests_form_their_own_group() -> None:
+    assert server_group({"connect_server", "s3_server"}) == "spark-connect"
+    assert server_group({"s3_server", "standalone_cluster"}) == "shared-servers"
+    assert server_group({"spark", "tmp_path"}) is None

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
+import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from tests.support.delta_reader import read_rows, read_rows_with_kernel, table_v
 from tests.support.operator_helpers import APP_ID, merge_operator, runtime_context
 
 CONN_ID = "spark_connect_test"
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts"))
 
 
 def _connection(monkeypatch: pytest.MonkeyPatch, server: ConnectServer) -> None:
@@ -129,76 +131,85 @@ def test_merges_lease_warm_sessions_one_at_a_time(
         assert spark.range(2).count() == 2
 
 
-@pytest.fixture
-def own_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[ConnectServer]]:
-    """A server of this test's own, to kill; the list gains the one started after it."""
-    servers = [ConnectServer(tmp_path_factory.mktemp("connect-faults")).__enter__()]
-    yield servers
-    for server in servers:
-        server.stop()
-
-
-@pytest.mark.parametrize("when", ["before the commit", "after the commit"])
-def test_a_server_killed_mid_merge_fails_the_task_naming_it_and_the_retry_applies_the_batch_once(
-    own_server: list[ConnectServer], tmp_path: Path, make_context: Any, monkeypatch: pytest.MonkeyPatch,
-    when: str,
+def test_a_server_killed_before_or_after_the_commit_and_the_retry_on_the_restarted_server(
+    tmp_path_factory: pytest.TempPathFactory, make_context: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Killed before the commit: the task fails naming the server, the table is at its old version, and
+    the retry on the server started again (same address, same token) applies the batch once. Killed after
+    the commit: the task reports that commit, and the retry on the next restart applies nothing again."""
     from spark_jobs.delta_merge import pipeline
     from spark_jobs.delta_merge.merge import classic
 
-    server = own_server[0]
+    server = ConnectServer(tmp_path_factory.mktemp("connect-faults"))
+    servers = [server]
     _connection(monkeypatch, server)
-    _upsert_data(tmp_path)
-    table = tmp_path / "table"
-    if when == "before the commit":
-        real_write = classic.write_output
 
-        def kill_then_write(*args: Any, **kwargs: Any) -> Any:
-            server.kill()
-            return real_write(*args, **kwargs)
+    def restart() -> ConnectServer:
+        again = ConnectServer(server.root / f"restart-{len(servers)}", port=server.port, token=server.token)
+        again.start()
+        servers.append(again)
+        return again
 
-        monkeypatch.setattr(classic, "write_output", kill_then_write)
-    else:
-        real_commit = pipeline.commit_merge
+    try:
+        server.start()
+        # Killed before the commit (while the output is written).
+        before = tmp_path_factory.mktemp("killed-before")
+        _upsert_data(before)
+        with monkeypatch.context() as patch:
+            real_write = classic.write_output
 
-        def commit_then_kill(*args: Any, **kwargs: Any) -> Any:
-            committed = real_commit(*args, **kwargs)
-            server.kill()
-            return committed
+            def kill_then_write(*args: Any, **kwargs: Any) -> Any:
+                servers[-1].kill()
+                return real_write(*args, **kwargs)
 
-        monkeypatch.setattr(pipeline, "commit_merge", commit_then_kill)
-
-    operator = merge_operator(tmp_path, conn_id=CONN_ID)
-    if when == "before the commit":
-        with pytest.raises(MergeJobFailedError) as failed:
-            operator.execute(runtime_context(make_context))
+            patch.setattr(classic, "write_output", kill_then_write)
+            with pytest.raises(MergeJobFailedError) as failed:
+                merge_operator(before, conn_id=CONN_ID).execute(runtime_context(make_context))
         message = str(failed.value)
         assert f"sc://localhost:{server.port}" in message
         assert f"'{CONN_ID}'" in message
         assert "Nothing was committed" in message
         assert server.token not in message
-        assert table_version(table) == 0
-    else:
-        # The commit landed before the server went: the task reports that commit.
-        result = operator.execute(runtime_context(make_context))
-        assert (result["tableVersion"], result["numTargetRowsInserted"]) == (1, 1)
-        assert table_version(table) == 1
+        assert table_version(before / "table") == 0
 
-    # The retry (same run, same try of the idempotency key) on a server started again: applied once.
-    monkeypatch.undo()
-    restarted = ConnectServer(server.root.parent / f"{server.root.name}-restarted")
-    restarted.start()
-    own_server.append(restarted)
-    _connection(monkeypatch, restarted)
-    retried = merge_operator(tmp_path, conn_id=CONN_ID).execute(runtime_context(make_context))
-    assert sorted(read_rows(table)) == UPSERTED
-    assert _txns(str(table)) == [(1, APP_ID, 0)]
-    assert retried["skipped"] is (when == "after the commit")
+        restart()  # the pooled session's id is new to this server: opened anew, the job added again
+        retried = merge_operator(before, conn_id=CONN_ID).execute(runtime_context(make_context))
+        assert retried["skipped"] is False
+        assert sorted(read_rows(before / "table")) == UPSERTED
+        assert _txns(str(before / "table")) == [(1, APP_ID, 0)]
+
+        # Killed after the commit landed: the task reports that commit.
+        after = tmp_path_factory.mktemp("killed-after")
+        _upsert_data(after)
+        with monkeypatch.context() as patch:
+            real_commit = pipeline.commit_merge
+
+            def commit_then_kill(*args: Any, **kwargs: Any) -> Any:
+                committed = real_commit(*args, **kwargs)
+                servers[-1].kill()
+                return committed
+
+            patch.setattr(pipeline, "commit_merge", commit_then_kill)
+            result = merge_operator(after, conn_id=CONN_ID).execute(runtime_context(make_context))
+        assert (result["tableVersion"], result["numTargetRowsInserted"]) == (1, 1)
+
+        restart()
+        again = merge_operator(after, conn_id=CONN_ID).execute(runtime_context(make_context))
+        assert (again["skipped"], again["tableVersion"]) == (True, 1)
+        assert sorted(read_rows(after / "table")) == UPSERTED
+        assert _txns(str(after / "table")) == [(1, APP_ID, 0)]
+    finally:
+        for each in servers:
+            each.stop()
 
 
 def test_the_upsert_example_merges_on_spark_connect_under_airflow_dags_test(
     connect_server: ConnectServer, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
+    import shutil
+
+    from run_example import LOGICAL_DATE, check_result, prepare_demo
+
     from tests.integration.airflow_merge_provider.test_example_seed import _run, _xcom
     from tests.integration.airflow_merge_provider.test_integration import _asset_events
     from tests.support.airflow_fixtures import make_airflow_home
@@ -207,24 +218,24 @@ def test_the_upsert_example_merges_on_spark_connect_under_airflow_dags_test(
             "password": connect_server.token}  # fmt: skip
     home = make_airflow_home(tmp_path_factory.mktemp("airflow-connect"), spark_conn_id="merge_connect",
                              spark_conn=json.dumps(conn))  # fmt: skip
-    _run(home, "merge_examples_seed", "2024-01-01")
-    day = sorted(_xcom(home, "merge_examples_seed", "seed_landing_files"))[0]
+    # The README demo's table and landing file, where the example DAG reads them.
+    demo = prepare_demo(tmp_path_factory.mktemp("demo"))
+    for part in demo.data_dir.iterdir():
+        shutil.move(str(part), str(home.data / part.name))
+    accounts = home.data / Path(demo.target_uri).name
+    demo = replace(demo, target_uri=str(accounts), data_dir=home.data)
 
-    _run(home, "merge_upsert_daily", day)
+    _run(home, "merge_upsert_daily", LOGICAL_DATE)
 
-    accounts = home.data / "accounts"
     metrics = _xcom(home, "merge_upsert_daily", "upsert_accounts")
-    # What the same example merges through spark-submit (test_example_seed.py).
-    expected = {
-        "numSourceRows": 30, "numTargetRowsUpdated": 20, "numTargetRowsInserted": 10,
-        "numTargetRowsDeleted": 0, "numTargetFilesRemoved": 2, "tableVersion": 4,
-    }  # fmt: skip
-    assert {name: metrics[name] for name in expected} == expected
-    assert (metrics["skipped"], metrics["readVersion"]) == (False, 3)
-    assert _txns(str(accounts)) == [(4, metrics["appId"], metrics["appVersion"])]
+    # What the README demo merges through spark-submit.
+    assert check_result(demo, metrics) == []
+    version = demo.target_version
+    assert (metrics["skipped"], metrics["readVersion"]) == (False, version)
+    assert metrics["tableVersion"] == version + 1
+    assert _txns(str(accounts)) == [(version + 1, metrics["appId"], metrics["appVersion"])]
     assert _asset_events(home, f"file://{accounts}") == [{"task_id": "upsert_accounts", "extra": metrics}]
-    assert len(read_rows(accounts, columns=["id"])) == 1010
     output = (Path(home.env["AIRFLOW_HOME"]) / "dags-test-merge_upsert_daily.log").read_text()
-    assert "spark-submit" not in output.lower() or "Spark Connect server" in output
+    assert f"Spark Connect server sc://localhost:{connect_server.port}" in output
     assert connect_server.token not in output
     assert connect_server.token not in connect_server.log.read_text(errors="replace")
