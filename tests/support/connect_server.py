@@ -25,7 +25,8 @@ _FAST_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
 class ConnectServer:
-    """One Spark Connect server (``local[2]``) with its log at ``root / "server.log"``.
+    """One Spark Connect server (``local[2]``, as the tests' classic session: the same parallelism, so the
+    same files written) with its log at ``root / "server.log"``.
 
     The token is given in the server's environment (``SPARK_CONNECT_AUTHENTICATE_TOKEN``), never on its
     command line. Its Python workers run this interpreter without this tree on their path: the job reaches
