@@ -4,7 +4,7 @@ Connect session: through SQL, the session conf and the DataFrame API, never the 
 
 Facts only the JVM gateway knows were dropped: the Spark jobs a merge ran (the status tracker; see
 :mod:`spark_jobs.delta_merge.stage_timing`) and the real size of the materialized source's blocks (the
-block manager; :meth:`materialized_bytes` estimates it from its rows instead).
+block manager; ``source/materialize.py`` counts it from its rows instead).
 """
 
 from __future__ import annotations

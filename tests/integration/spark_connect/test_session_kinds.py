@@ -10,7 +10,6 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
 import pytest
 
 from tests.support.connect_server import ConnectServer, connect_mode
@@ -21,8 +20,8 @@ from tests.unit.spark_jobs.test_differential import (
     NUM_CASES,
     _rows,
     _run_delta_rs,
-    _write_target,
     generate_case,
+    prepare_case,
 )
 
 SCENARIOS = load_scenarios()
@@ -102,13 +101,7 @@ def test_differential_cases_match_delta_rs_on_connect(connect_spark: Any, tmp_pa
     from spark_jobs.delta_merge.errors import MultipleSourceRowMatchesError
 
     case = generate_case(seed)
-    ours, theirs, source = tmp_path / "ours", tmp_path / "theirs", tmp_path / "source"
-    _write_target(ours, case)
-    _write_target(theirs, case)
-    source.mkdir()
-    pq.write_table(case.source, source / "part-0.parquet")
-    spec = {"target": {"uri": str(ours)}, "source": {"uri": str(source), "format": "parquet"},
-            "merge_sql": case.merge_sql()}  # fmt: skip
+    ours, theirs, spec = prepare_case(tmp_path, case)
     if case.expect_multiple_match_error:
         version = table_version(ours)
         with pytest.raises(MultipleSourceRowMatchesError):

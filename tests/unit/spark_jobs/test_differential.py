@@ -307,6 +307,21 @@ def _write_target(path: Path, case: Case) -> None:
         write_deltalake(str(path), batch, mode="append", partition_by=["part"] if case.partitioned else None)
 
 
+def prepare_case(root: Path, case: Case) -> tuple[Path, Path, dict[str, Any]]:
+    """The case's target twice under ``root`` (ours, delta-rs's), its source as Parquet, and our spec."""
+    ours, theirs, source = root / "ours", root / "theirs", root / "source"
+    _write_target(ours, case)
+    _write_target(theirs, case)
+    source.mkdir()
+    pq.write_table(case.source, source / "part-0.parquet")
+    spec = {
+        "target": {"uri": str(ours)},
+        "source": {"uri": str(source), "format": "parquet"},
+        "merge_sql": case.merge_sql(),
+    }
+    return ours, theirs, spec
+
+
 def _rows(path: Path) -> list[str]:
     rows = read_table(path).select(list(COLUMNS)).to_pylist()
     return sorted(json.dumps([r[c] for c in COLUMNS]) for r in rows)
@@ -333,16 +348,7 @@ def test_same_as_delta_rs(spark: Any, tmp_path: Path, seed: int, request: pytest
     from spark_jobs.delta_merge.errors import MultipleSourceRowMatchesError
 
     case = generate_case(seed)
-    ours, theirs, source = tmp_path / "ours", tmp_path / "theirs", tmp_path / "source"
-    _write_target(ours, case)
-    _write_target(theirs, case)
-    source.mkdir()
-    pq.write_table(case.source, source / "part-0.parquet")
-    spec = {
-        "target": {"uri": str(ours)},
-        "source": {"uri": str(source), "format": "parquet"},
-        "merge_sql": case.merge_sql(),
-    }
+    ours, theirs, spec = prepare_case(tmp_path, case)
     where = case.describe()
 
     if case.expect_multiple_match_error:
