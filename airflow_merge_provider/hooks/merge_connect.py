@@ -97,15 +97,18 @@ class MergeConnectHook(SparkConnectHook):
         """
         from pyspark.sql.connect.session import SparkSession
 
+        from airflow_merge_provider.job_package import job_py_files
+
         conn = self.get_connection(self.conn_id)
+        job_zip = job_py_files()  # digests the installed job: once per session
         pool_size = int(conn.extra_dejson.get(_POOL_EXTRA, _DEFAULT_POOL_SIZE))
         # pyspark's functions build Spark Connect columns only while this is set (what builder.remote() sets).
         previous_mode = os.environ.get(_CONNECT_MODE)
         os.environ[_CONNECT_MODE] = "1"
         active = getattr(SparkSession._active_session, "session", None)
         try:
-            with _leased_session_id(self._pool_key(conn), pool_size) as lease:
-                spark = self._open(conn, lease)
+            with _leased_session_id(self._pool_key(conn, job_zip), pool_size) as lease:
+                spark = self._open(conn, lease, job_zip)
                 # pyspark binds what a Connect command returns (a checkpointed DataFrame: the materialized
                 # source) to the thread's active session, the first one created unless set: this one.
                 SparkSession._active_session.session = spark
@@ -119,12 +122,10 @@ class MergeConnectHook(SparkConnectHook):
             SparkSession._active_session.session = active
             _restore(previous_mode)
 
-    def _open(self, conn: Any, lease: _Lease | None) -> SparkSession:
+    def _open(self, conn: Any, lease: _Lease | None, job_zip: str) -> SparkSession:
         from pyspark.sql.connect.client import DefaultChannelBuilder
         from pyspark.sql.connect.client.retries import DefaultPolicy
         from pyspark.sql.connect.session import SparkSession
-
-        from airflow_merge_provider.job_package import job_py_files
 
         params = []
         if conn.login:
@@ -145,7 +146,7 @@ class MergeConnectHook(SparkConnectHook):
                 policy = DefaultPolicy(max_retries=retries, max_backoff=_MAX_BACKOFF_MS)
                 spark.client.set_retry_policies([policy])
                 try:
-                    spark.addArtifacts(job_py_files(), pyfile=True)
+                    spark.addArtifacts(job_zip, pyfile=True)
                 except Exception as error:
                     # A leased session has this build's job already (its pool is this build's).
                     if lease is None or "ARTIFACT_ALREADY_EXISTS" not in str(error):
@@ -171,10 +172,8 @@ class MergeConnectHook(SparkConnectHook):
         except Exception as error:  # a server gone after the merge: nothing left to release
             self.log.info("Closing the Spark Connect session failed: %s", _first_line(error))
 
-    def _pool_key(self, conn: Any) -> str:
-        from airflow_merge_provider.job_package import job_py_files
-
-        build = Path(job_py_files()).parent.name  # <version>-<content digest>
+    def _pool_key(self, conn: Any, job_zip: str) -> str:
+        build = Path(job_zip).parent.name  # <version>-<content digest>
         seed = f"{self.server}|{conn.login or ''}|{socket.gethostname()}|{build}"
         return hashlib.sha256(seed.encode()).hexdigest()[:24]
 

@@ -16,7 +16,7 @@ from typing import Any
 from tests.support.local_servers import free_port, wait_for_port
 from tests.support.submit_harness import PYTHON, SPARK_SUBMIT
 
-__all__ = ["ConnectServer", "connect_mode"]
+__all__ = ["ConnectServer", "command_lines_holding", "connect_mode"]
 
 _CONNECT_MODE = "SPARK_CONNECT_MODE_ENABLED"
 _SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
@@ -110,6 +110,16 @@ class ConnectServer:
         if with_job:
             session.addArtifacts(job_py_files(), pyfile=True)
         return session
+
+
+def command_lines_holding(text: str) -> list[int]:
+    """The PIDs of this machine's processes whose command line holds ``text`` (a secret must be in none)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        with contextlib.suppress(OSError):
+            if text.encode() in cmdline.read_bytes():
+                found.append(int(cmdline.parent.name))
+    return found
 
 
 @contextlib.contextmanager

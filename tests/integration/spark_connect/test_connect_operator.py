@@ -19,7 +19,7 @@ from deltalake import write_deltalake
 
 from airflow_merge_provider.errors import MergeJobFailedError
 from tests.integration.airflow_merge_provider.test_integration import _txns
-from tests.support.connect_server import ConnectServer
+from tests.support.connect_server import ConnectServer, command_lines_holding
 from tests.support.delta_reader import read_rows, read_rows_with_kernel, table_version
 from tests.support.operator_helpers import APP_ID, merge_operator, runtime_context
 
@@ -100,8 +100,9 @@ def test_an_s3_merge_on_spark_connect_keeps_the_secret_out_of_the_server_and_the
     assert sorted(read_rows(target, storage_options=options)) == [[0, "a"], [1, "b"], [2, "B"], [3, "d"],
                                                                   [9, "I"]]  # fmt: skip
 
-    # Nowhere on the server: its log, its session conf, the plans of what it ran.
+    # Nowhere on the server: its log, its session conf, the plans of what it ran; on no command line.
     assert secret not in connect_server.log.read_text(errors="replace")
+    assert command_lines_holding(secret) == []
     assert all(secret not in str(value) for value in connect_spark.conf.getAll.values())
     from spark_jobs.delta_merge.protocol.snapshot import load_snapshot
     from spark_jobs.delta_merge.scan.table_scan import scan_files
