@@ -104,6 +104,24 @@ def connect_spark(connect_client: Any) -> Iterator[Any]:
         yield connect_client
 
 
+# The two kinds of session a merge runs on. A test that takes ``merge_spark`` runs once on each; the
+# classic run is told by its parameter to use ``spark``, the Connect run ``connect_server`` (fixtures_of).
+SESSION_KINDS = {"classic": "spark", "connect": "connect_spark"}
+
+
+@pytest.fixture(params=list(SESSION_KINDS))
+def merge_spark(request: pytest.FixtureRequest) -> Any:
+    """The test's session: the shared classic SparkSession, or a Spark Connect session on the test
+    session's server (pyspark building Connect columns for the test's duration). Conf fixtures
+    (``copy_on_write``, ``copy_by_position``) set their conf on this session."""
+    return request.getfixturevalue(SESSION_KINDS[request.param])
+
+
+def _conf_session(request: pytest.FixtureRequest) -> Any:
+    """The session a conf fixture sets its conf on: the test's ``merge_spark`` if it has one."""
+    return request.getfixturevalue("merge_spark" if "merge_spark" in request.fixturenames else "spark")
+
+
 @pytest.fixture
 def table_root(tmp_path: Path) -> Path:
     """A fresh directory for one Delta table."""
@@ -113,23 +131,25 @@ def table_root(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def copy_on_write(spark: SparkSession) -> Iterator[None]:
+def copy_on_write(request: pytest.FixtureRequest) -> Iterator[None]:
     """Merges rewrite touched files even where the table enables deletion vectors (Delta's conf off)."""
     from spark_jobs.delta_merge.merge.deletion_vector_updates import PERSISTENT_DELETION_VECTORS_CONF
 
-    spark.conf.set(PERSISTENT_DELETION_VECTORS_CONF, "false")
+    session = _conf_session(request)
+    session.conf.set(PERSISTENT_DELETION_VECTORS_CONF, "false")
     yield
-    spark.conf.unset(PERSISTENT_DELETION_VECTORS_CONF)
+    session.conf.unset(PERSISTENT_DELETION_VECTORS_CONF)
 
 
 @pytest.fixture
-def copy_by_position(spark: SparkSession) -> Iterator[None]:
+def copy_by_position(request: pytest.FixtureRequest) -> Iterator[None]:
     """Copy-on-write merges copy the unchanged rows of touched files by position, however small they are."""
     from spark_jobs.delta_merge.merge.copy_by_position import COPY_BY_POSITION_CONF
 
-    spark.conf.set(COPY_BY_POSITION_CONF, "0")
+    session = _conf_session(request)
+    session.conf.set(COPY_BY_POSITION_CONF, "0")
     yield
-    spark.conf.unset(COPY_BY_POSITION_CONF)
+    session.conf.unset(COPY_BY_POSITION_CONF)
 
 
 # -- test tiers ----------------------------------------------------------------------------------------
@@ -148,9 +168,21 @@ _HEAVY_PROGRAMS = frozenset({
 })  # fmt: skip
 
 
+def fixtures_of(item: pytest.Item) -> set[str]:
+    """The fixtures a test uses, with the session a ``merge_spark`` parameter stands for (``spark``, or
+    ``connect_server``: its fixtures are asked for only when the test runs)."""
+    fixtures = set(getattr(item, "fixturenames", ()))
+    kind = getattr(getattr(item, "callspec", None), "params", {}).get("merge_spark")
+    if kind == "classic":
+        fixtures.add("spark")
+    elif kind == "connect":
+        fixtures.add("connect_server")
+    return fixtures
+
+
 def tiers_of(item: pytest.Item) -> set[str]:
     """The markers a test gets from where it lives and the fixtures it uses."""
-    fixtures = set(getattr(item, "fixturenames", ()))
+    fixtures = fixtures_of(item)
     tiers = set()
     if fixtures & SPARK_FIXTURES:
         tiers.add("spark")
@@ -181,7 +213,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         for tier in sorted(tiers_of(item)):
             item.add_marker(tier)
-        group = server_group(set(getattr(item, "fixturenames", ())))
+        group = server_group(fixtures_of(item))
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
 

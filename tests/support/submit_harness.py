@@ -57,6 +57,7 @@ class Submitted:
             command += ["--conf", f"{key}={value}"]
         command += ["spark_jobs/delta_merge/__main__.py", "--spec", str(spec_file)]
         self.lines: list[str] = []
+        self.torn_line: str | None = None  # what a kill cut short, after the last whole line
         self.started = time.monotonic()
         self.arrived: list[float] = []  # seconds since start, per line (to see where time goes)
         self._changed = threading.Condition()
@@ -72,6 +73,9 @@ class Submitted:
         assert self.process.stdout is not None
         for line in self.process.stdout:
             with self._changed:
+                if not line.endswith("\n"):  # killed mid-write: a torn line is not the job's output
+                    self.torn_line = line
+                    continue
                 self.lines.append(line.rstrip("\n"))
                 self.arrived.append(time.monotonic() - self.started)
                 self._changed.notify_all()
@@ -126,7 +130,8 @@ class Submitted:
         return found[-1] if found else None
 
     def tail(self, count: int = 40) -> str:
-        return "\n".join(self.lines[-count:])
+        torn = [f"{self.torn_line} <torn by the kill>"] if self.torn_line is not None else []
+        return "\n".join(self.lines[-count:] + torn)
 
 
 def progress_line(text: str) -> Callable[[str], bool]:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -14,6 +16,7 @@ from tests.conftest import (
     INTEGRATION_FIXTURES,
     SHARED_SERVER_FIXTURES,
     SPARK_FIXTURES,
+    fixtures_of,
     server_group,
 )
 
@@ -21,7 +24,7 @@ from tests.conftest import (
 def test_every_collected_test_carries_the_markers_of_what_it_uses(request: pytest.FixtureRequest) -> None:
     wrong = []
     for item in request.session.items:
-        fixtures = set(getattr(item, "fixturenames", ()))
+        fixtures = fixtures_of(item)
         markers = {m.name for m in item.iter_markers()}
         if fixtures & SPARK_FIXTURES and "spark" not in markers:
             wrong.append(f"{item.nodeid}: uses the SparkSession, not marked spark")
@@ -33,6 +36,17 @@ def test_every_collected_test_carries_the_markers_of_what_it_uses(request: pytes
             wrong.append(f"{item.nodeid}: uses a shared server outside the {server_group(fixtures)} group")
     assert wrong == []
     assert request.node.get_closest_marker("spark") is None  # this test itself is in the fast tier
+
+
+def test_a_merge_on_each_session_kind_is_marked_and_grouped_by_its_kind() -> None:
+    def item(kind: str) -> Any:
+        callspec = SimpleNamespace(params={"merge_spark": kind})
+        return SimpleNamespace(fixturenames=["merge_spark", "tmp_path"], callspec=callspec)
+
+    assert fixtures_of(item("classic")) == {"merge_spark", "tmp_path", "spark"}
+    assert server_group(fixtures_of(item("classic"))) is None
+    assert fixtures_of(item("connect")) == {"merge_spark", "tmp_path", "connect_server"}
+    assert server_group(fixtures_of(item("connect")) | {"s3_server"}) == "spark-connect"
 
 
 def test_a_fast_test_cannot_start_a_jvm() -> None:

@@ -165,8 +165,11 @@ def read_source(spark: SparkSession, source: SourceSpec) -> SourceRead:
         # Other formats on an object store need the user's Hadoop connector (configured through Spark's
         # conf, not storage_options): with it they read as anywhere else.
         df = spark.read.format(fmt).options(**source.options).load(source.uri)
+        # A classic session plans the read in load(); Spark Connect only when asked: the schema, here, so
+        # that a read Spark cannot plan fails inside this try on both.
+        df.schema  # noqa: B018
         return SourceRead(df, pinned_delta=False)
-    except (AnalysisException, Py4JJavaError) as exc:
+    except (AnalysisException, Py4JJavaError, PySparkException) as exc:
         scheme = missing_connector_scheme(exc)
         if scheme is not None:
             raise MergeAnalysisError(

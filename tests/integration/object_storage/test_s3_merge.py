@@ -1,7 +1,8 @@
 """Whole merges into Delta tables on S3 (a real S3 API, moto, with request signing on), with sources on S3,
-through the shared local Spark session, which has no Hadoop S3 connector: the job reads and writes table
-files with pyarrow. Rows are read back with deltalake from S3 and with DuckDB's delta-kernel reader from a
-downloaded copy, which must agree; commits are checked in the log."""
+on both session kinds (``merge_spark``: the shared local Spark session and a Spark Connect session), neither
+of which has a Hadoop S3 connector: the job reads and writes table files with pyarrow. Rows are read back
+with deltalake from S3 and with DuckDB's delta-kernel reader from a downloaded copy, which must agree;
+commits are checked in the log."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pyspark
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
@@ -68,7 +70,7 @@ def commit(server: S3Server, bucket: str, table: str, version: int) -> list[dict
 
 @pytest.mark.parametrize("by_position", [False, True], ids=["through-spark", "by-position"])
 def test_upsert_from_a_parquet_source_on_s3(
-    spark: Any, s3_server: S3Server, bucket: str, tmp_path: Path, by_position: bool,
+    merge_spark: Any, s3_server: S3Server, bucket: str, tmp_path: Path, by_position: bool,
     request: pytest.FixtureRequest,
 ) -> None:
     if by_position:  # the touched file's unchanged row copied by a pyarrow task reading and writing S3
@@ -79,7 +81,7 @@ def test_upsert_from_a_parquet_source_on_s3(
     write_deltalake(uri, kv([(3, "c")]), mode="append", storage_options=options)
     source = parquet_source(s3_server, f"s3://{bucket}/incoming", kv([(2, "B"), (4, "d")]))
 
-    metrics = merge(spark, uri, options, source)
+    metrics = merge(merge_spark, uri, options, source)
 
     assert table_rows(s3_server, uri, tmp_path) == [(1, "a"), (2, "B"), (3, "c"), (4, "d")]
     assert (metrics["numSourceRows"], metrics["numTargetRowsUpdated"], metrics["numTargetRowsInserted"],
@@ -97,7 +99,7 @@ def test_upsert_from_a_parquet_source_on_s3(
         assert head["ContentLength"] == add["size"]
 
 
-def test_partitioned_table(spark: Any, s3_server: S3Server, bucket: str, tmp_path: Path) -> None:
+def test_partitioned_table(merge_spark: Any, s3_server: S3Server, bucket: str, tmp_path: Path) -> None:
     uri = f"s3://{bucket}/by_p"
     options = s3_server.storage_options()
     schema = pa.schema([("id", pa.int64()), ("v", pa.string()), ("p", pa.string())])
@@ -108,7 +110,7 @@ def test_partitioned_table(spark: Any, s3_server: S3Server, bucket: str, tmp_pat
                             kv([(2, "B", "x y"), (4, "d", "z")], schema))  # fmt: skip
     source["uri"] = f"s3://{bucket}/src/data.parquet/part-0.parquet"  # a single file, not a directory
 
-    metrics = merge(spark, uri, options, source)
+    metrics = merge(merge_spark, uri, options, source)
 
     assert table_rows(s3_server, uri, tmp_path, kernel_columns=["id", "v", "p"]) == [
         (1, "a", "x y"), (2, "B", "x y"), (3, "c", "y"), (4, "d", "z"),
@@ -123,7 +125,7 @@ def test_partitioned_table(spark: Any, s3_server: S3Server, bucket: str, tmp_pat
 
 @pytest.mark.parametrize("layout", ["column_mapped", "partitioned"])
 def test_the_arrow_reader_gives_what_spark_reads_from_the_same_table_on_disk(
-    spark: Any, s3_server: S3Server, bucket: str, tmp_path: Path, layout: str
+    merge_spark: Any, s3_server: S3Server, bucket: str, tmp_path: Path, layout: str
 ) -> None:
     # Everything the reader must get right: column mapping (a nested field too) or a partition with a
     # space, deletion vectors (in a file and inline), row tracking with ids materialized by a merge.
@@ -145,7 +147,8 @@ def test_the_arrow_reader_gives_what_spark_reads_from_the_same_table_on_disk(
     enable_features(local, row_tracking=True)
     source = tmp_path / "src.parquet"
     pq.write_table(kv([(1, "V1", {"x": 10}, at, Decimal("9.99"), None, "c")], schema), source)
-    run_merge(spark, {"target": {"uri": str(local)}, "source": {"uri": str(source)}, "merge_sql": UPSERT})
+    spec = {"target": {"uri": str(local)}, "source": {"uri": str(source)}, "merge_sql": UPSERT}
+    run_merge(merge_spark, spec)
     # The rewritten file of ids 0, 2, 3 (materialized row ids) and the untouched one of ids 4-7.
     counts = {f.path: f.stats.num_records if f.stats else None for f in load_snapshot(str(local)).files}
     files = sorted((path for path, n in counts.items() if (n or 0) > 1), key=lambda path: counts[path] or 0)
@@ -158,7 +161,7 @@ def test_the_arrow_reader_gives_what_spark_reads_from_the_same_table_on_disk(
 
     def scanned(snapshot: Any) -> tuple[Any, list[str]]:
         tracking = row_tracking(snapshot)
-        df = scan_files(spark, snapshot, snapshot.files, with_file_key=True, row_tracking=tracking)
+        df = scan_files(merge_spark, snapshot, snapshot.files, with_file_key=True, row_tracking=tracking)
         root = _root_key(snapshot)
         rows = [{**r.asDict(recursive=True), FILE_KEY_COLUMN: r[FILE_KEY_COLUMN].removeprefix(root)}
                 for r in df.collect()]  # fmt: skip
@@ -177,14 +180,14 @@ def _root_key(snapshot: Any) -> str:
     return snapshot.file_key(probe).removesuffix("/x")
 
 
-def test_change_data_feed(spark: Any, s3_server: S3Server, bucket: str, tmp_path: Path) -> None:
+def test_change_data_feed(merge_spark: Any, s3_server: S3Server, bucket: str, tmp_path: Path) -> None:
     uri = f"s3://{bucket}/feed"
     options = s3_server.storage_options()
     write_deltalake(uri, kv([(1, "a"), (2, "b")]), storage_options=options,
                     configuration={"delta.enableChangeDataFeed": "true"})  # fmt: skip
     source = parquet_source(s3_server, f"s3://{bucket}/src", kv([(2, "B"), (3, "c")]))
 
-    merge(spark, uri, options, source)
+    merge(merge_spark, uri, options, source)
 
     assert table_rows(s3_server, uri, tmp_path) == [(1, "a"), (2, "B"), (3, "c")]
     feed = DeltaTable(uri, storage_options=options).load_cdf(starting_version=1, ending_version=1)
@@ -197,7 +200,9 @@ def test_change_data_feed(spark: Any, s3_server: S3Server, bucket: str, tmp_path
 
 
 @pytest.mark.usefixtures("copy_on_write")  # merge-on-read on S3: test_s3_merge_on_read.py
-def test_table_with_deletion_vectors(spark: Any, s3_server: S3Server, bucket: str, tmp_path: Path) -> None:
+def test_table_with_deletion_vectors(
+    merge_spark: Any, s3_server: S3Server, bucket: str, tmp_path: Path
+) -> None:
     local = tmp_path / "local"
     write_deltalake(str(local), pa.table({"id": pa.array(range(6), pa.int64()), "p": ["a"] * 3 + ["b"] * 3}),
                     partition_by=["p"])  # fmt: skip
@@ -210,7 +215,7 @@ def test_table_with_deletion_vectors(spark: Any, s3_server: S3Server, bucket: st
     # Vectors delete ids 0 and 2 (file a) and 4 (file b): the source's 0 and 4 are inserts, 3 an update.
     source = parquet_source(s3_server, f"s3://{bucket}/src", kv([(0, "b"), (3, "a"), (4, "a")], schema))
 
-    metrics = merge(spark, uri, options, source, sql="""MERGE INTO t USING s ON t.id = s.id
+    metrics = merge(merge_spark, uri, options, source, sql="""MERGE INTO t USING s ON t.id = s.id
         WHEN MATCHED THEN UPDATE SET p = s.p WHEN NOT MATCHED THEN INSERT *""")
 
     assert table_rows(s3_server, uri, tmp_path, kernel_columns=["id", "p"]) == [
@@ -222,7 +227,9 @@ def test_table_with_deletion_vectors(spark: Any, s3_server: S3Server, bucket: st
 
 
 @pytest.mark.parametrize("mode", ["name", "id"])
-def test_column_mapped_table(spark: Any, s3_server: S3Server, bucket: str, tmp_path: Path, mode: str) -> None:
+def test_column_mapped_table(
+    merge_spark: Any, s3_server: S3Server, bucket: str, tmp_path: Path, mode: str
+) -> None:
     uri = f"s3://{bucket}/mapped"
     options = s3_server.storage_options()
     point = pa.struct([("x", pa.int64())])
@@ -233,7 +240,7 @@ def test_column_mapped_table(spark: Any, s3_server: S3Server, bucket: str, tmp_p
     source = parquet_source(s3_server, f"s3://{bucket}/src",
                             kv([(2, "B", {"x": 21}), (3, "c", None)], schema))  # fmt: skip
 
-    merge(spark, uri, options, source)
+    merge(merge_spark, uri, options, source)
 
     assert table_rows(s3_server, uri, tmp_path) == [(1, "a", {"x": 10}), (2, "B", {"x": 21}), (3, "c", None)]
     adds = [a["add"] for a in commit(s3_server, bucket, "mapped", 1) if "add" in a]
@@ -242,7 +249,7 @@ def test_column_mapped_table(spark: Any, s3_server: S3Server, bucket: str, tmp_p
 
 
 def test_row_tracking_keeps_ids_across_merges(
-    spark: Any, s3_server: S3Server, bucket: str, tmp_path: Path
+    merge_spark: Any, s3_server: S3Server, bucket: str, tmp_path: Path
 ) -> None:
     local = make_target(tmp_path / "local", kv([(1, "a"), (2, "b"), (3, "c")]), kv([(4, "d"), (5, "e")]))
     enable_features(local, row_tracking=True)
@@ -257,10 +264,10 @@ def test_row_tracking_keeps_ids_across_merges(
 
     before = stable_ids(local)
     first_source = parquet_source(s3_server, f"s3://{bucket}/s1", kv([(2, "B"), (6, "f")]))
-    first = merge(spark, uri, options, first_source)
+    first = merge(merge_spark, uri, options, first_source)
     after_first = ids_after(first, "after-first")
     # The rewrite materialized the ids of the copied rows 1 and 3; the second merge reads them back.
-    second = merge(spark, uri, options, parquet_source(s3_server, f"s3://{bucket}/s2", kv([(3, "C")])))
+    second = merge(merge_spark, uri, options, parquet_source(s3_server, f"s3://{bucket}/s2", kv([(3, "C")])))
     after_second = ids_after(second, "after-second")
 
     assert {k: before[k] for k in (1, 3, 4, 5)} == {k: after_first[k] for k in (1, 3, 4, 5)}
@@ -272,7 +279,7 @@ def test_row_tracking_keeps_ids_across_merges(
     assert table_rows(s3_server, uri, tmp_path) == expected
 
 
-def test_delta_source_on_s3(spark: Any, s3_server: S3Server, bucket: str, tmp_path: Path) -> None:
+def test_delta_source_on_s3(merge_spark: Any, s3_server: S3Server, bucket: str, tmp_path: Path) -> None:
     uri = f"s3://{bucket}/target"
     options = s3_server.storage_options()
     write_deltalake(uri, kv([(1, "a"), (2, "b")]), storage_options=options)
@@ -280,7 +287,7 @@ def test_delta_source_on_s3(spark: Any, s3_server: S3Server, bucket: str, tmp_pa
     write_deltalake(source_uri, kv([(2, "old")]), storage_options=options)
     write_deltalake(source_uri, kv([(2, "B"), (3, "c")]), mode="overwrite", storage_options=options)
 
-    metrics = merge(spark, uri, options, {"uri": source_uri, "format": "delta", "version": 1,
+    metrics = merge(merge_spark, uri, options, {"uri": source_uri, "format": "delta", "version": 1,
                                           "storage_options": options})  # fmt: skip
 
     assert table_rows(s3_server, uri, tmp_path) == [(1, "a"), (2, "B"), (3, "c")]
@@ -289,7 +296,7 @@ def test_delta_source_on_s3(spark: Any, s3_server: S3Server, bucket: str, tmp_pa
 
 
 def test_idempotent_rerun_with_an_app_id_is_skipped(
-    spark: Any, s3_server: S3Server, bucket: str, tmp_path: Path
+    merge_spark: Any, s3_server: S3Server, bucket: str, tmp_path: Path
 ) -> None:
     uri = f"s3://{bucket}/once"
     options = s3_server.storage_options()
@@ -297,8 +304,8 @@ def test_idempotent_rerun_with_an_app_id_is_skipped(
     source = parquet_source(s3_server, f"s3://{bucket}/src", kv([(1, "A"), (2, "b")]))
     run = {"app_id": "nightly-load", "app_version": 7}
 
-    first = merge(spark, uri, options, source, run=run)
-    second = merge(spark, uri, options, source, run=run)
+    first = merge(merge_spark, uri, options, source, run=run)
+    second = merge(merge_spark, uri, options, source, run=run)
 
     assert (first["skipped"], second["skipped"]) == (False, True)
     assert DeltaTable(uri, storage_options=options).version() == 1
@@ -306,7 +313,7 @@ def test_idempotent_rerun_with_an_app_id_is_skipped(
 
 
 def test_a_csv_source_on_s3_is_refused_naming_the_connector(
-    spark: Any, s3_server: S3Server, bucket: str
+    merge_spark: Any, s3_server: S3Server, bucket: str
 ) -> None:
     uri = f"s3://{bucket}/t"
     options = s3_server.storage_options()
@@ -316,9 +323,11 @@ def test_a_csv_source_on_s3_is_refused_naming_the_connector(
               "storage_options": options}  # fmt: skip
 
     with pytest.raises(MergeAnalysisError) as raised:
-        merge(spark, uri, options, source)
+        merge(merge_spark, uri, options, source)
 
-    version = spark.sparkContext._jvm.org.apache.hadoop.util.VersionInfo.getVersion()
+    # The Hadoop version pyspark ships, from its jar's name (the session's JVM is not at hand on Connect).
+    (client_jar,) = Path(pyspark.__file__).parent.glob("jars/hadoop-client-api-*.jar")
+    version = client_jar.stem.removeprefix("hadoop-client-api-")
     assert f"org.apache.hadoop:hadoop-aws:{version}" in str(raised.value)
     assert "--packages" in str(raised.value)
     assert DeltaTable(uri, storage_options=options).version() == 0
@@ -333,7 +342,7 @@ def test_a_csv_source_on_s3_is_refused_naming_the_connector(
     ],
 )
 def test_spark_reading_an_object_store_path_in_a_query_is_refused_naming_the_connector(
-    spark: Any, s3_server: S3Server, bucket: str, tmp_path: Path, where: str, path: str, connector: str
+    merge_spark: Any, s3_server: S3Server, bucket: str, tmp_path: Path, where: str, path: str, connector: str
 ) -> None:
     uri = f"s3://{bucket}/t"
     options = s3_server.storage_options()
@@ -349,7 +358,7 @@ def test_spark_reading_an_object_store_path_in_a_query_is_refused_naming_the_con
         sql = UPSERT.replace("USING s", f"USING ({both}) s")
 
     with pytest.raises(MergeAnalysisError) as raised:
-        merge(spark, uri, options, source, sql)
+        merge(merge_spark, uri, options, source, sql)
 
     message = str(raised.value)
     assert message.startswith("source.query" if where == "source.query" else "merge_sql: the USING query")
@@ -361,7 +370,7 @@ def test_spark_reading_an_object_store_path_in_a_query_is_refused_naming_the_con
 
 
 def test_a_hive_partitioned_parquet_source_on_s3_reads_as_sparks_reader_reads_it(
-    spark: Any, s3_server: S3Server, bucket: str, tmp_path: Path
+    merge_spark: Any, s3_server: S3Server, bucket: str, tmp_path: Path
 ) -> None:
     from spark_jobs.delta_merge.source.object_store import read_object_store_parquet
     from spark_jobs.delta_merge.spec import SourceSpec
@@ -386,8 +395,8 @@ def test_a_hive_partitioned_parquet_source_on_s3_reads_as_sparks_reader_reads_it
 
     source = SourceSpec(uri=f"s3://{bucket}/landing", format="parquet",
                         storage_options=s3_server.storage_options())  # fmt: skip
-    read = read_object_store_parquet(spark, source)
-    expected = spark.read.parquet(str(local))
+    read = read_object_store_parquet(merge_spark, source)
+    expected = merge_spark.read.parquet(str(local))
 
     assert read.schema == expected.schema
     assert read.schema.simpleString() == "struct<id:bigint,v:string,day:date,n:int,tag:string>"
@@ -398,7 +407,7 @@ def test_a_hive_partitioned_parquet_source_on_s3_reads_as_sparks_reader_reads_it
 
 
 def test_upsert_from_a_hive_partitioned_parquet_source_on_s3(
-    spark: Any, s3_server: S3Server, bucket: str, tmp_path: Path
+    merge_spark: Any, s3_server: S3Server, bucket: str, tmp_path: Path
 ) -> None:
     uri = f"s3://{bucket}/events"
     options = s3_server.storage_options()
@@ -409,7 +418,7 @@ def test_upsert_from_a_hive_partitioned_parquet_source_on_s3(
     pq.write_table(kv([(2, "B")]), f"{bucket}/landing/day=2024-01-01/part-0.parquet", filesystem=fs)
     pq.write_table(kv([(3, "c")]), f"{bucket}/landing/day=2024-01-02/part-0.parquet", filesystem=fs)
 
-    metrics = merge(spark, uri, options, {"uri": f"s3://{bucket}/landing", "format": "parquet",
+    metrics = merge(merge_spark, uri, options, {"uri": f"s3://{bucket}/landing", "format": "parquet",
                                           "storage_options": options})  # fmt: skip
 
     assert (metrics["numSourceRows"], metrics["numTargetRowsUpdated"], metrics["numTargetRowsInserted"]) == (
@@ -428,7 +437,7 @@ def test_upsert_from_a_hive_partitioned_parquet_source_on_s3(
     ],
 )
 def test_parquet_sources_on_s3_that_spark_would_not_read_are_refused(
-    spark: Any, s3_server: S3Server, bucket: str, layout: str, options: dict[str, str], message: str
+    merge_spark: Any, s3_server: S3Server, bucket: str, layout: str, options: dict[str, str], message: str
 ) -> None:
     uri = f"s3://{bucket}/t"
     store = s3_server.storage_options()
@@ -443,7 +452,7 @@ def test_parquet_sources_on_s3_that_spark_would_not_read_are_refused(
         parquet_source(s3_server, f"{source_uri}/hour=2", kv([(3, "C")]))
 
     with pytest.raises(MergeAnalysisError, match=re.escape(message)):
-        merge(spark, uri, store, {"uri": source_uri, "format": "parquet", "options": options,
+        merge(merge_spark, uri, store, {"uri": source_uri, "format": "parquet", "options": options,
                                   "storage_options": store})  # fmt: skip
 
     assert DeltaTable(uri, storage_options=store).version() == 0
@@ -451,7 +460,12 @@ def test_parquet_sources_on_s3_that_spark_would_not_read_are_refused(
 
 @pytest.mark.parametrize("side", ["target", "source"])
 def test_a_wrong_secret_fails_cleanly_and_leaves_the_table(
-    spark: Any, s3_server: S3Server, bucket: str, tmp_path: Path, caplog: pytest.LogCaptureFixture, side: str
+    merge_spark: Any,
+    s3_server: S3Server,
+    bucket: str,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    side: str,
 ) -> None:
     uri = f"s3://{bucket}/guarded"
     options = s3_server.storage_options()
@@ -464,7 +478,7 @@ def test_a_wrong_secret_fails_cleanly_and_leaves_the_table(
     target_options, source_options = (wrong, options) if side == "target" else (options, wrong)
 
     with pytest.raises(MergeJobError) as raised:
-        merge(spark, uri, target_options, {**source, "storage_options": source_options})
+        merge(merge_spark, uri, target_options, {**source, "storage_options": source_options})
 
     text = f"{raised.value!r} {raised.value}"
     assert (uri if side == "target" else source["uri"]) in str(raised.value)

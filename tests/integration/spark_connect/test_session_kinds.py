@@ -1,6 +1,7 @@
 """The merge job on a Spark Connect server gives what it gives on a classic session: Delta's own MERGE test
-scenarios (a sample, as data) run on both session kinds and must give Delta's outcome, the same on each;
-differential cases against delta-rs; the job's code reaches the server's Python workers as a session
+scenarios (a sample, as data) run on both session kinds and must give Delta's outcome, the same on each
+(the differential cases against delta-rs run on both kinds too: tests/unit/spark_jobs/test_differential.py);
+the job's code reaches the server's Python workers as a session
 artifact; the server admits only clients with its token."""
 
 from __future__ import annotations
@@ -15,14 +16,6 @@ import pytest
 from tests.support.connect_server import ConnectServer, connect_mode
 from tests.support.delta_reader import read_rows, read_rows_with_kernel, table_version
 from tests.support.scenario_harness import create_target, dataframe, load_scenarios, merge_spec, multiset
-from tests.unit.spark_jobs.test_differential import (
-    METRICS,
-    NUM_CASES,
-    _rows,
-    _run_delta_rs,
-    generate_case,
-    prepare_case,
-)
 
 SCENARIOS = load_scenarios()
 # What differs between two runs of one merge whatever the session: times.
@@ -93,25 +86,6 @@ def test_each_scenario_has_the_same_outcome_on_both_session_kinds(
     for name, value in scenario.get("expected_metrics", {}).items():
         if name not in FILE_DEPENDENT_METRICS:
             assert connected["metrics"][name] == value, name
-
-
-@pytest.mark.parametrize("seed", range(0, NUM_CASES, 4), ids=[f"seed{s}" for s in range(0, NUM_CASES, 4)])
-def test_differential_cases_match_delta_rs_on_connect(connect_spark: Any, tmp_path: Path, seed: int) -> None:
-    from spark_jobs.delta_merge import run_merge
-    from spark_jobs.delta_merge.errors import MultipleSourceRowMatchesError
-
-    case = generate_case(seed)
-    ours, theirs, spec = prepare_case(tmp_path, case)
-    if case.expect_multiple_match_error:
-        version = table_version(ours)
-        with pytest.raises(MultipleSourceRowMatchesError):
-            run_merge(connect_spark, spec)
-        assert table_version(ours) == version
-        return
-    expected = _run_delta_rs(theirs, case)
-    metrics = run_merge(connect_spark, spec).to_dict()
-    assert _rows(ours) == _rows(theirs), case.describe()
-    assert {o: metrics[o] for o, _ in METRICS} == {o: expected[t] for o, t in METRICS}, case.describe()
 
 
 def test_the_job_reaches_the_servers_workers_as_this_sessions_artifact(

@@ -2,8 +2,9 @@
 
 Each case builds the same target twice (1-3 files, partitioned or not, NULL keys, duplicate target keys),
 runs one random merge through the job (``merge_sql``) and the same merge through ``DeltaTable.merge``,
-and compares the rows left and the row-level metrics. The ON condition is the key equality, sometimes
-with a target-only, source-only or partition conjunct (what the job prunes files and partitions by).
+and compares the rows left and the row-level metrics, on both session kinds (``merge_spark``: the
+classic session and a Spark Connect session). The ON condition is the key equality, sometimes with a
+target-only, source-only or partition conjunct (what the job prunes files and partitions by).
 
 Where delta-rs and Delta disagree, the generator stays on the shapes both agree on:
 
@@ -339,7 +340,9 @@ def _run_delta_rs(path: Path, case: Case) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("seed", range(NUM_CASES), ids=[f"seed{s}" for s in range(NUM_CASES)])
-def test_same_as_delta_rs(spark: Any, tmp_path: Path, seed: int, request: pytest.FixtureRequest) -> None:
+def test_same_as_delta_rs(
+    merge_spark: Any, tmp_path: Path, seed: int, request: pytest.FixtureRequest
+) -> None:
     if seed % 2:
         # Odd seeds rewrite touched files copying their unchanged rows by position, even seeds through
         # Spark's reader (the default for files this small).
@@ -357,12 +360,12 @@ def test_same_as_delta_rs(spark: Any, tmp_path: Path, seed: int, request: pytest
         assert "DeltaError" in type(delta_rs_error.value).__name__, where
         version = table_version(ours)
         with pytest.raises(MultipleSourceRowMatchesError):
-            run_merge(spark, spec)
+            run_merge(merge_spark, spec)
         assert table_version(ours) == version, where
         return
 
     expected_metrics = _run_delta_rs(theirs, case)
-    metrics = run_merge(spark, spec).to_dict()
+    metrics = run_merge(merge_spark, spec).to_dict()
     assert _rows(ours) == _rows(theirs), where
     got = {ours_name: metrics[ours_name] for ours_name, _ in METRICS}
     want = {ours_name: expected_metrics[theirs_name] for ours_name, theirs_name in METRICS}
