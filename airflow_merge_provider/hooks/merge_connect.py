@@ -19,7 +19,6 @@ The token travels in the gRPC channel's credentials, never in a URL this module 
 from __future__ import annotations
 
 import fcntl
-import gc
 import hashlib
 import os
 import re
@@ -113,11 +112,15 @@ class MergeConnectHook(SparkConnectHook):
                 # source) to the thread's active session, the first one created unless set: this one.
                 SparkSession._active_session.session = spark
                 self._session = spark
+                merged = False
                 try:
                     yield spark
+                    merged = True
                 finally:
                     self._session = None
-                    self._close(spark, keep=lease is not None)
+                    # A failed merge's session is not handed back: what it left on the server (the
+                    # materialized source, referenced from the failure's traceback) goes with it.
+                    self._close(spark, keep=lease is not None and merged)
         finally:
             SparkSession._active_session.session = active
             _restore(previous_mode)
@@ -162,10 +165,8 @@ class MergeConnectHook(SparkConnectHook):
     def _close(self, spark: SparkSession, *, keep: bool) -> None:
         try:
             if keep:
-                # DataFrames the merge checkpointed (its materialized source) are released on the server
-                # when collected, which pyspark skips once the client is closed: collect them first, or the
-                # kept session would hold them until it expires.
-                gc.collect()
+                # A merge that returned has dropped the DataFrame it checkpointed (its materialized source),
+                # which released it on the server; the session keeps no other state of the merge's.
                 spark.client.close()  # the server keeps the session, and its Python workers, for the next
             else:
                 spark.stop()  # released on the server too

@@ -132,6 +132,54 @@ def test_merges_lease_warm_sessions_one_at_a_time(
         assert spark.range(2).count() == 2
 
 
+def test_a_merge_hands_its_session_back_holding_nothing_and_a_failed_one_gives_it_up(
+    connect_server: ConnectServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import gc
+
+    from pyspark.sql.connect.plan import CachedRemoteRelation
+
+    from airflow_merge_provider.hooks.merge_connect import MergeConnectHook
+    from spark_jobs.delta_merge import run_merge
+    from spark_jobs.delta_merge.errors import MultipleSourceRowMatchesError
+
+    def checkpointed() -> list[Any]:
+        return [o for o in gc.get_objects() if isinstance(o, CachedRemoteRelation)]
+
+    _connection(monkeypatch, connect_server)
+    _upsert_data(tmp_path)
+    spec = {"target": {"uri": str(tmp_path / "table")}, "source": {"uri": str(tmp_path / "source")},
+            "merge_sql": "MERGE INTO t USING s ON t.id = s.id WHEN MATCHED THEN UPDATE SET * "
+                         "WHEN NOT MATCHED THEN INSERT *"}  # fmt: skip
+    with MergeConnectHook(CONN_ID).session() as spark:
+        first = spark.client._session_id
+        metrics = run_merge(spark, spec).to_dict()
+        # The source was checkpointed on the server, and released there by the merge's end: no DataFrame
+        # of it is left, not even as garbage waiting for a collection (then it would never be released).
+        assert metrics["materializeSourceReason"] == "NON_DETERMINISTIC_SOURCE_NON_DELTA"
+        assert checkpointed() == []
+
+    # A merge that fails after materializing its source (two source rows for one target row).
+    duplicates = tmp_path / "duplicates"
+    duplicates.mkdir()
+    pq.write_table(pa.table({"id": pa.array([2, 2], pa.int64()), "v": ["a", "b"]}), duplicates / "p.parquet")
+    failing = {**spec, "source": {"uri": str(duplicates)}}
+
+    def merge_in_a_leased_session() -> None:
+        with MergeConnectHook(CONN_ID).session() as spark:
+            assert spark.client._session_id == first
+            run_merge(spark, failing)
+
+    with pytest.raises(MultipleSourceRowMatchesError):
+        merge_in_a_leased_session()
+    # Its session, with whatever the failure still holds, was closed on the server: the next merge on that
+    # pool slot gets a new one.
+    with MergeConnectHook(CONN_ID).session() as spark:
+        assert spark.client._session_id != first
+        assert spark.range(2).count() == 2
+    assert table_version(tmp_path / "table") == 1
+
+
 def test_a_server_killed_before_or_after_the_commit_and_the_retry_on_the_restarted_server(
     tmp_path_factory: pytest.TempPathFactory, make_context: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
