@@ -1,6 +1,7 @@
 """S3 credentials resolved by the Amazon provider (``AwsBaseHook``) for an ``aws_conn_id`` whose connection
 assumes an IAM role: the hook hands the job temporary credentials, and they really work against the moto
-server, which checks signatures and IAM policies for assumed roles as for users.
+server, which checks signatures and IAM policies for assumed roles as for users. The merges with them run on
+both session kinds (``merge_spark``): the executors of a classic session and of a Spark Connect server.
 
 What moto does with assumed roles (checked here, since the tests rely on it): AssumeRole is allowed only when
 the caller's own policy allows ``sts:AssumeRole`` and the role's trust policy names the caller; the temporary
@@ -172,7 +173,7 @@ def test_a_refused_assume_role_fails_without_quoting_the_connection(
     assert key.access_key_id not in message
     assert refused.value.__cause__ is None
 def test_a_merge_commits_with_the_assumed_roles_credentials(
-    spark: Any, s3_server: S3Server, bucket: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    merge_spark: Any, s3_server: S3Server, bucket: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     admin = s3_server.storage_options()
     uri, source_uri = f"s3://{bucket}/orders", f"s3://{bucket}/incoming/2024-01-02"
@@ -183,7 +184,8 @@ def test_a_merge_commits_with_the_assumed_roles_credentials(
     options = StorageCredentialsHook(aws_conn_id="lake_role").storage_options()
     assert_temporary_credentials_of_a_role(s3_server, options)
 
-    metrics = merge(spark, uri, options, {"uri": source_uri, "format": "parquet", "storage_options": options})
+    source = {"uri": source_uri, "format": "parquet", "storage_options": options}
+    metrics = merge(merge_spark, uri, options, source)
 
     assert (metrics["numTargetRowsUpdated"], metrics["numTargetRowsInserted"], metrics["tableVersion"]) == (
         1, 1, 1)  # fmt: skip
@@ -191,7 +193,7 @@ def test_a_merge_commits_with_the_assumed_roles_credentials(
     assert rows == [(1, "a"), (2, "B"), (3, "c"), (4, "d")]
     assert DeltaTable(uri, storage_options=admin).history(1)[0]["operation"] == "MERGE"
 def test_a_read_only_role_lets_the_merge_read_but_not_write(
-    spark: Any, s3_server: S3Server, bucket: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    merge_spark: Any, s3_server: S3Server, bucket: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """moto applies the role's policy to its temporary key: the merge reads the table, then its first
     write is refused and nothing lands."""
@@ -205,7 +207,7 @@ def test_a_read_only_role_lets_the_merge_read_but_not_write(
     assert DeltaTable(uri, storage_options=options).version() == 0
 
     with pytest.raises(MergeExecutionError) as refused:
-        merge(spark, uri, options, {"uri": source_uri, "format": "parquet", "storage_options": options})
+        merge(merge_spark, uri, options, {"uri": source_uri, "format": "parquet", "storage_options": options})
 
     message = str(refused.value)
     # The executors' pyarrow writer was refused its first data file (the role has no s3:PutObject).

@@ -1,6 +1,6 @@
 """Merge-on-read on S3 (moto): the merge marks rows in deletion vectors written through the S3 store, one
 vector in a ``deletion_vector_*.bin`` object and one inline, and readers on S3 and off a downloaded copy
-read the rows it means."""
+read the rows it means. On both session kinds (``merge_spark``): the executors write the vectors."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from tests.support.s3_server import S3Server
 
 
 def test_merge_on_read_upsert_writes_its_vectors_through_the_s3_store(
-    spark: Any, s3_server: S3Server, bucket: str, tmp_path: Path
+    merge_spark: Any, s3_server: S3Server, bucket: str, tmp_path: Path
 ) -> None:
     uri = f"s3://{bucket}/mor"
     options = s3_server.storage_options()
@@ -34,7 +34,7 @@ def test_merge_on_read_upsert_writes_its_vectors_through_the_s3_store(
     updated = [*range(0, 100, 5), 150]
     source = parquet_source(s3_server, f"s3://{bucket}/src", kv([(i, "new") for i in updated] + [(500, "n")]))
 
-    metrics = merge(spark, uri, options, source)
+    metrics = merge(merge_spark, uri, options, source)
 
     assert (metrics["numTargetRowsUpdated"], metrics["numTargetRowsInserted"]) == (21, 1)
     assert (metrics["numTargetRowsCopied"], metrics["numTargetDeletionVectorsAdded"]) == (0, 2)
