@@ -122,7 +122,8 @@ def merge_spark(request: pytest.FixtureRequest) -> Any:
 
 
 def _conf_session(request: pytest.FixtureRequest) -> Any:
-    """The session a conf fixture sets its conf on: the test's ``merge_spark`` if it has one."""
+    """The session a conf fixture sets its conf on: the test's ``merge_spark`` if it has one. (The conf
+    fixtures take ``spark`` too: a test that uses one is a Spark test, whichever session it merges on.)"""
     return request.getfixturevalue("merge_spark" if "merge_spark" in request.fixturenames else "spark")
 
 
@@ -135,7 +136,7 @@ def table_root(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def copy_on_write(request: pytest.FixtureRequest) -> Iterator[None]:
+def copy_on_write(spark: SparkSession, request: pytest.FixtureRequest) -> Iterator[None]:
     """Merges rewrite touched files even where the table enables deletion vectors (Delta's conf off)."""
     from spark_jobs.delta_merge.merge.deletion_vector_updates import PERSISTENT_DELETION_VECTORS_CONF
 
@@ -146,7 +147,7 @@ def copy_on_write(request: pytest.FixtureRequest) -> Iterator[None]:
 
 
 @pytest.fixture
-def copy_by_position(request: pytest.FixtureRequest) -> Iterator[None]:
+def copy_by_position(spark: SparkSession, request: pytest.FixtureRequest) -> Iterator[None]:
     """Copy-on-write merges copy the unchanged rows of touched files by position, however small they are."""
     from spark_jobs.delta_merge.merge.copy_by_position import COPY_BY_POSITION_CONF
 
