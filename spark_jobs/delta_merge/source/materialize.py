@@ -169,7 +169,7 @@ def read_source(spark: SparkSession, source: SourceSpec) -> SourceRead:
         # that a read Spark cannot plan fails inside this try on both.
         df.schema  # noqa: B018
         return SourceRead(df, pinned_delta=False)
-    except (AnalysisException, Py4JJavaError, PySparkException) as exc:
+    except (Py4JJavaError, PySparkException) as exc:
         scheme = missing_connector_scheme(exc)
         if scheme is not None:
             raise MergeAnalysisError(

@@ -1,8 +1,8 @@
 """The merge job on a Spark Connect server gives what it gives on a classic session: Delta's own MERGE test
 scenarios (a sample, as data) run on both session kinds and must give Delta's outcome, the same on each
 (the differential cases against delta-rs run on both kinds too: tests/unit/spark_jobs/test_differential.py);
-the job's code reaches the server's Python workers as a session
-artifact; the server admits only clients with its token."""
+the job's code reaches the server's Python workers as a session artifact; the server admits only clients
+with its token."""
 
 from __future__ import annotations
 
