@@ -144,7 +144,9 @@ def test_a_merge_hands_its_session_back_holding_nothing_and_a_failed_one_gives_i
     from spark_jobs.delta_merge.errors import MultipleSourceRowMatchesError
 
     def checkpointed() -> list[Any]:
-        return [o for o in gc.get_objects() if isinstance(o, CachedRemoteRelation)]
+        # type(), not isinstance: isinstance asks every object its __class__, which makes Airflow's lazy
+        # module proxies import what they stand for.
+        return [o for o in gc.get_objects() if type(o) is CachedRemoteRelation]
 
     _connection(monkeypatch, connect_server)
     _upsert_data(tmp_path)
