@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 def _spark_builder() -> Any:
     from pyspark.sql import SparkSession
 
+    from tests.support.jvm import fast_jvm_options
+
     return (
         SparkSession.builder.master("local[2]")
         .appName("airflow-merge-provider-tests")
@@ -42,10 +44,10 @@ def _spark_builder() -> Any:
         .config("spark.ui.enabled", "false")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.driver.memory", "2g")
-        # The JIT's first tier and the serial collector: test queries are small and many, so the optimizing
-        # compiler's and G1's threads cost CPU the other worker needs (the suite is CPU-bound on 2 cores;
-        # the Spark unit tests of analysis/ and merge/ took 150 s instead of 197 s on two workers).
-        .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+        # The JIT's first tier, the serial collector and the class archive (tests/support/jvm.py): the
+        # suite is CPU-bound on 2 cores (the Spark unit tests of analysis/ and merge/ took 150 s instead of
+        # 197 s on two workers with the first two).
+        .config("spark.driver.extraJavaOptions", fast_jvm_options())
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.python.worker.reuse", "true")
         # Test data is tiny: compiling generated code for each new query costs more than it saves.

@@ -220,7 +220,7 @@ def make_airflow_home(
     defined as ``spark_conn`` (a JSON connection); ``env`` adds to the environment of every command."""
     import shutil
 
-    from tests.support.standalone_cluster import write_spark_defaults
+    from tests.support.jvm import submit_opts
     from tests.support.submit_harness import FAST_START
 
     dags, data = root / "dags", root / "data"
@@ -242,8 +242,9 @@ def make_airflow_home(
         "MERGE_EXAMPLES_SPARK_CONN_ID": spark_conn_id,
         "PYSPARK_PYTHON": sys.executable,
         "PYSPARK_DRIVER_PYTHON": sys.executable,
-        # Every spark-submit the DAGs start reads these defaults: a JVM that starts fast, no UI.
-        "SPARK_CONF_DIR": str(write_spark_defaults(root / "spark-conf", FAST_START)),
+        # Every spark-submit the DAGs start reads these: a JVM that starts fast, no UI (tests/support/jvm.py:
+        # not a SPARK_CONF_DIR, which would keep the JVM from mapping the class archive).
+        "SPARK_SUBMIT_OPTS": submit_opts(FAST_START),
         **(env or {}),
     }
     home = AirflowHome(env=full_env, data=data, dags=dags)

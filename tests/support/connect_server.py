@@ -13,6 +13,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from tests.support.jvm import fast_jvm_options
 from tests.support.local_servers import free_port, wait_for_port
 from tests.support.submit_harness import PYTHON, SPARK_SUBMIT
 
@@ -20,8 +21,6 @@ __all__ = ["ConnectServer", "command_lines_holding", "connect_mode"]
 
 _CONNECT_MODE = "SPARK_CONNECT_MODE_ENABLED"
 _SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
-# C1-only JIT and the serial collector: the server starts faster and leaves a core to the tests.
-_FAST_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
 class ConnectServer:
@@ -66,7 +65,7 @@ class ConnectServer:
             "spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2",
             "spark.ui.enabled": "false",
             "spark.sql.session.timeZone": "UTC", "spark.driver.memory": "1g",
-            "spark.driver.extraJavaOptions": _FAST_JVM, "spark.python.worker.reuse": "true",
+            "spark.driver.extraJavaOptions": fast_jvm_options(), "spark.python.worker.reuse": "true",
             "spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factoryMode": "NO_CODEGEN",
         }  # fmt: skip
         command = [str(SPARK_SUBMIT), "--master", "local[2]", "--class", _SERVER_CLASS]

@@ -9,7 +9,6 @@ import signal
 import subprocess
 import time
 import urllib.request
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -17,14 +16,13 @@ from typing import Any
 
 import pyspark
 
+from tests.support.jvm import fast_jvm_options
 from tests.support.local_servers import free_port
 from tests.support.submit_harness import PYTHON, ROOT, submit_env
 
-__all__ = ["StandaloneCluster", "Worker", "write_spark_defaults"]
+__all__ = ["StandaloneCluster", "Worker"]
 
 _SPARK_CLASS = Path(pyspark.__file__).parent / "bin" / "spark-class"
-# C1-only JIT and the serial collector: daemons and executors start faster and fight less for 2 cores.
-_FAST_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
 def _wait_for(log: Path, text: str, *, timeout: float = 90) -> None:
@@ -42,7 +40,7 @@ def _get_json(url: str) -> Any:
 def _daemon(log: Path, *args: str) -> subprocess.Popen[bytes]:
     """A Spark daemon in its own process group, so that killing the group takes its children too."""
     env = {**submit_env(), "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_DAEMON_MEMORY": "256m",
-           "SPARK_DAEMON_JAVA_OPTS": _FAST_JVM}
+           "SPARK_DAEMON_JAVA_OPTS": fast_jvm_options()}
     with log.open("wb") as out:
         return subprocess.Popen([str(_SPARK_CLASS), *args], env=env, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
@@ -185,7 +183,7 @@ class StandaloneCluster:
             "spark.driver.host": "127.0.0.1",
             "spark.executor.cores": "1", "spark.cores.max": str(len(self.workers)),
             "spark.executor.memory": "512m",
-            "spark.executor.extraJavaOptions": _FAST_JVM,
+            "spark.executor.extraJavaOptions": fast_jvm_options(),
             "spark.executorEnv.PYTHONPATH": str(ROOT), "spark.pyspark.python": str(PYTHON),
             "spark.scheduler.minRegisteredResourcesRatio": str(wait_for_executors / len(self.workers)),
             "spark.scheduler.maxRegisteredResourcesWaitingTime": "120s",
@@ -199,10 +197,3 @@ class StandaloneCluster:
             _kill_group(self._master)
             self._master = None
 
-
-def write_spark_defaults(conf_dir: Path, confs: Mapping[str, str]) -> Path:
-    """A SPARK_CONF_DIR whose spark-defaults.conf holds ``confs`` (spark-submit reads it by default)."""
-    conf_dir.mkdir(parents=True, exist_ok=True)
-    lines = [f"{key} {value}" for key, value in confs.items()]
-    (conf_dir / "spark-defaults.conf").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return conf_dir

@@ -13,21 +13,27 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from tests.support.jvm import fast_jvm_options
+
 ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = ROOT / ".venv" / "bin"
 SPARK_SUBMIT = VENV_BIN / "spark-submit"
 PYTHON = VENV_BIN / "python"
 METRICS_PREFIX = "MERGE_METRICS_JSON="
 PROGRESS_PREFIX = "[delta-merge] "
-# A cold driver spends most of a small merge compiling: C1-only JIT and no codegen cut ~25% off each
-# spark-submit here. Test-only settings; they change no result.
+# A cold driver spends most of a small merge compiling: no codegen (and the JVM of fast_start_confs) cut
+# ~25% off each spark-submit here. Test-only settings; they change no result.
 FAST_START = {
     "spark.ui.enabled": "false",
     "spark.sql.shuffle.partitions": "2",
-    "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
     "spark.sql.codegen.wholeStage": "false",
     "spark.sql.codegen.factoryMode": "NO_CODEGEN",
 }
+
+
+def fast_start_confs() -> dict[str, str]:
+    """FAST_START and the driver JVM's options (tests/support/jvm.py), for a spark-submit command line."""
+    return {**FAST_START, "spark.driver.extraJavaOptions": fast_jvm_options()}
 
 
 def submit_env() -> dict[str, str]:
@@ -51,7 +57,7 @@ class Submitted:
         mode, the executors')."""
         assert SPARK_SUBMIT.is_file(), SPARK_SUBMIT
         spec_file.write_text(json.dumps(spec), encoding="utf-8")
-        settings = {**FAST_START, **(confs or {})}
+        settings = {**fast_start_confs(), **(confs or {})}
         command = [str(SPARK_SUBMIT), "--master", master]
         for key, value in settings.items():
             command += ["--conf", f"{key}={value}"]

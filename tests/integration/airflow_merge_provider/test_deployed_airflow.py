@@ -29,6 +29,7 @@ import pytest
 
 from tests.support.airflow_processes import AirflowProcesses, kill_session
 from tests.support.delta_reader import read_rows, read_rows_with_kernel
+from tests.support.jvm import fast_jvm_options
 from tests.support.local_servers import free_port, wait_for_port
 from tests.support.postgres_server import PostgresServer
 
@@ -105,14 +106,13 @@ with DAG(
     )
 '''
 
-# A small local job: no UI, few partitions, a JVM that starts fast (as tests/support/submit_harness.py).
+# A small local job: no UI, few partitions (and a JVM that starts fast: tests/support/jvm.py).
 SPARK_CONF = {
     "spark.ui.enabled": "false",
     "spark.sql.shuffle.partitions": "1",
     "spark.default.parallelism": "1",
     "spark.driver.bindAddress": "127.0.0.1",
     "spark.driver.host": "127.0.0.1",
-    "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
     "spark.sql.codegen.wholeStage": "false",
     "spark.sql.codegen.factoryMode": "NO_CODEGEN",
 }
@@ -187,8 +187,9 @@ def _write_inputs(root: Path) -> tuple[Path, Path]:
         (landing / date).mkdir(parents=True)
         pq.write_table(pa.table(columns, schema=schema), landing / date / "part-00000.parquet")
     dags.mkdir()
+    spark_conf = {**SPARK_CONF, "spark.driver.extraJavaOptions": fast_jvm_options()}
     dag = DAG_FILE.format(target=str(target), landing=str(landing), dag_id=DAG_ID, merge_task=MERGE_TASK,
-                          sensor_task=SENSOR_TASK, spark_conf=SPARK_CONF)  # fmt: skip
+                          sensor_task=SENSOR_TASK, spark_conf=spark_conf)  # fmt: skip
     (dags / f"{DAG_ID}.py").write_text(textwrap.dedent(dag), encoding="utf-8")
     return target, dags
 

@@ -22,7 +22,8 @@ from deltalake import write_deltalake
 from tests.integration.airflow_merge_provider.test_integration import _assert_ran, _txns, _xcom
 from tests.support.airflow_fixtures import make_airflow_home
 from tests.support.delta_reader import read_table, table_version
-from tests.support.standalone_cluster import StandaloneCluster, write_spark_defaults
+from tests.support.jvm import submit_opts
+from tests.support.standalone_cluster import StandaloneCluster
 from tests.support.submit_harness import FAST_START, Submitted, progress_line
 
 DATE = "2024-06-01"
@@ -80,15 +81,15 @@ def test_upsert_example_dag_runs_on_executors_of_both_workers(
     events = tmp_path / "spark-events"
     events.mkdir()
     # The operator passes no conf of its own here, so the cluster's settings reach spark-submit through
-    # the Spark configuration directory it reads by default.
-    conf_dir = write_spark_defaults(tmp_path / "spark-conf", {
+    # SPARK_SUBMIT_OPTS, as system properties (the place of spark-defaults.conf; see tests/support/jvm.py).
+    opts = submit_opts({
         **FAST_START, **cluster.application_confs(wait_for_executors=2), "spark.locality.wait": "0",
         "spark.eventLog.enabled": "true", "spark.eventLog.dir": events.as_uri(),
         "spark.eventLog.compress": "false", "spark.eventLog.rolling.enabled": "false",
     })  # fmt: skip
     connection = json.dumps({"conn_type": "spark", "host": "spark://127.0.0.1", "port": cluster.port})
     home = make_airflow_home(tmp_path / "airflow", spark_conn_id="spark_cluster", spark_conn=connection,
-                             env={"SPARK_CONF_DIR": str(conf_dir)})
+                             env={"SPARK_SUBMIT_OPTS": opts})
     accounts = home.data / "accounts"
     for start in range(0, 1000, 250):  # four files; the updates touch two of them
         write_deltalake(str(accounts), _accounts(range(start, start + 250), balance=0.0), mode="append")

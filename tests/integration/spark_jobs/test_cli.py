@@ -16,7 +16,7 @@ from deltalake import write_deltalake
 from spark_jobs.delta_merge.metrics import DELTA_METRIC_NAMES, MergeMetrics
 from spark_jobs.delta_merge.protocol.delta_log import read_commit_info
 from tests.support.delta_reader import read_rows, table_version
-from tests.support.submit_harness import FAST_START, PYTHON, ROOT, SPARK_SUBMIT
+from tests.support.submit_harness import PYTHON, ROOT, SPARK_SUBMIT, fast_start_confs
 
 PREFIX = "MERGE_METRICS_JSON="
 KV = pa.schema([("id", pa.int64()), ("v", pa.string())])
@@ -42,7 +42,7 @@ def spec(target: Path, source: Path, sql: str) -> dict[str, Any]:
 def submit(*args: str) -> subprocess.CompletedProcess[str]:
     assert SPARK_SUBMIT.is_file(), SPARK_SUBMIT
     env = {**os.environ, "PYSPARK_PYTHON": str(PYTHON), "PYSPARK_DRIVER_PYTHON": str(PYTHON)}
-    confs = [arg for key, value in FAST_START.items() for arg in ("--conf", f"{key}={value}")]
+    confs = [arg for key, value in fast_start_confs().items() for arg in ("--conf", f"{key}={value}")]
     command = [str(SPARK_SUBMIT), "--master", "local[1]", *confs, "spark_jobs/delta_merge/__main__.py", *args]
     return subprocess.run(
         command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
