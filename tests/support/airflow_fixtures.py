@@ -220,8 +220,7 @@ def make_airflow_home(
     defined as ``spark_conn`` (a JSON connection); ``env`` adds to the environment of every command."""
     import shutil
 
-    from tests.support.jvm import submit_opts
-    from tests.support.submit_harness import FAST_START
+    from tests.support.jvm import FAST_START, submit_opts
 
     dags, data = root / "dags", root / "data"
     dags.mkdir(parents=True)

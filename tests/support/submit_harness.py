@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tests.support.jvm import fast_jvm_options
+from tests.support.jvm import FAST_START, fast_jvm_options
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = ROOT / ".venv" / "bin"
@@ -21,16 +21,6 @@ SPARK_SUBMIT = VENV_BIN / "spark-submit"
 PYTHON = VENV_BIN / "python"
 METRICS_PREFIX = "MERGE_METRICS_JSON="
 PROGRESS_PREFIX = "[delta-merge] "
-# A cold driver spends most of a small merge compiling: no codegen (and the JVM of fast_start_confs) cut
-# ~25% off each spark-submit here. Test-only settings; they change no result.
-FAST_START = {
-    "spark.ui.enabled": "false",
-    "spark.sql.shuffle.partitions": "2",
-    "spark.sql.codegen.wholeStage": "false",
-    "spark.sql.codegen.factoryMode": "NO_CODEGEN",
-}
-
-
 def fast_start_confs() -> dict[str, str]:
     """FAST_START and the driver JVM's options (tests/support/jvm.py), for a spark-submit command line."""
     return {**FAST_START, "spark.driver.extraJavaOptions": fast_jvm_options()}

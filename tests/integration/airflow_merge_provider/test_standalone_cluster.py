@@ -22,9 +22,9 @@ from deltalake import write_deltalake
 from tests.integration.airflow_merge_provider.test_integration import _assert_ran, _txns, _xcom
 from tests.support.airflow_fixtures import make_airflow_home
 from tests.support.delta_reader import read_table, table_version
-from tests.support.jvm import submit_opts
+from tests.support.jvm import FAST_START, submit_opts
 from tests.support.standalone_cluster import StandaloneCluster
-from tests.support.submit_harness import FAST_START, Submitted, progress_line
+from tests.support.submit_harness import Submitted, progress_line
 
 DATE = "2024-06-01"
 ACCOUNTS = pa.schema([("id", pa.int64()), ("name", pa.string()), ("balance", pa.float64())])
