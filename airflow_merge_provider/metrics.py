@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from spark_jobs.delta_merge.contract import DELTA_METRIC_NAMES, MergeMetrics
+from spark_jobs.delta_merge.contract import DELTA_METRIC_NAMES, MergeMetrics, stage_times
 
 __all__ = ["format_metrics_table", "format_summary", "to_xcom"]
 
@@ -58,10 +58,10 @@ def format_metrics_table(metrics: Mapping[str, Any], *, columns: int = 3) -> str
     lines = _grid(numbers, columns)
     width = max((len(name) for name, _ in others), default=0)
     lines += [f"  {name:<{width}}  {value}" for name, value in others]
-    stages = metrics.get(_STAGES) or {}
+    stages = stage_times(metrics.get(_STAGES))
     if stages:
         lines.append("  stage times (ms):")
-        shown = [(str(name).removeprefix(_STAGE_PREFIX), str(ms)) for name, ms in stages.items()]
+        shown = [(str(stage["stage"]).removeprefix(_STAGE_PREFIX), str(stage["ms"])) for stage in stages]
         lines += _grid(shown, 1, indent="    ")
     return "\n".join(lines)
 

@@ -1,8 +1,10 @@
 """Daily upsert of account updates into a Delta table, with catchup: each run merges its own day's files.
 
-Re-running a day is safe: a retry after the merge committed reports that commit (``skipped``) instead of
-applying it twice, while clearing the run (or backfilling it again) applies it again. A second DAG runs
-whenever the table changes and reads the merge's metrics from the asset event.
+Re-running a day is safe: the merge is keyed on the day (``app_id="accounts.{{ ds }}", app_version=1``:
+the default key is the run, and the default version its clear number), so a retry after
+it committed, a clear, a backfill or another ``airflow dags test`` of the same date reports the day's commit
+(``skipped``) instead of applying the batch again. A second DAG runs whenever the table changes and reads
+the merge's metrics from the asset event.
 
 Paths: the table lives under ``$MERGE_EXAMPLES_DATA_DIR`` (default ``/data/tables``, the volume shared with
 Spark in docker-compose.yaml); landing files under the Airflow Variable ``merge_examples_landing_dir``
@@ -52,6 +54,10 @@ with DAG(
         # Checked by the job before it commits: an upsert never deletes.
         expected_metrics={"numTargetRowsDeleted": {"equal_to": 0}},
         conn_id=SPARK_CONN_ID,
+        # Once per date, whichever run applies it (the default key is the run and its clear number: a clear
+        # would apply the day's files again).
+        app_id="accounts.{{ ds }}",
+        app_version=1,
     )
 
 

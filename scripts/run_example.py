@@ -180,17 +180,6 @@ def _airflow_env(demo: Demo) -> dict[str, str]:
     return env
 
 
-_READ_XCOM = f"""
-import json
-from airflow.models.xcom import XComModel
-from airflow.utils.session import create_session
-with create_session() as session:
-    rows = session.query(XComModel).filter_by(
-        dag_id={EXAMPLE_DAG_ID!r}, task_id={EXAMPLE_TASK_ID!r}, key="return_value").all()
-    print(json.dumps(rows[-1].value if rows else None))
-"""
-
-
 def run_with_airflow_dag(demo: Demo) -> Metrics:
     """Run the example DAG's merge task with ``airflow dags test`` and read its metrics from XCom."""
     airflow = str(Path(sys.executable).parent / "airflow")
@@ -203,8 +192,13 @@ def run_with_airflow_dag(demo: Demo) -> Metrics:
     if code != 0:
         raise ExampleError(f"airflow dags test exited with code {code} (its output is above)")
     print("reading the task's metrics from XCom ...", flush=True)
-    read = subprocess.run([sys.executable, "-c", _READ_XCOM], env=env, capture_output=True, text=True)
-    value = json.loads(read.stdout.strip().splitlines()[-1]) if read.returncode == 0 and read.stdout else None
+    # The provider's own reader (Airflow 3's CLI has no xcom command); the README shows it too.
+    read = subprocess.run(
+        [sys.executable, "-m", "airflow_merge_provider", "metrics", EXAMPLE_DAG_ID, EXAMPLE_TASK_ID,
+         LOGICAL_DATE, "--json"],
+        env=env, capture_output=True, text=True,
+    )  # fmt: skip
+    value = json.loads(read.stdout) if read.returncode == 0 and read.stdout.strip() else None
     if not isinstance(value, dict):
         raise ExampleError(f"no XCom return_value from {EXAMPLE_DAG_ID}.{EXAMPLE_TASK_ID}: {read.stderr}")
     print(f"\nXCom return_value of {EXAMPLE_DAG_ID}.{EXAMPLE_TASK_ID}:")

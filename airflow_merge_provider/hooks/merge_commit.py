@@ -13,14 +13,17 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from airflow_merge_provider.errors import MergeProviderError, TargetTableNotFoundError
+from airflow_merge_provider.errors import MergeProviderError, StorageRefusedError, TargetTableNotFoundError
 from airflow_merge_provider.metrics import to_xcom
 from spark_jobs.delta_merge.contract import (
     MergeJobError,
     MergeMetrics,
+    TableStorageError,
     app_transaction_version,
+    credentials_named,
     find_app_transaction_commit,
     first_merge_commit_after,
+    is_deterministic,
 )
 
 __all__ = ["MergeCommit", "find_merge_commit", "normalize_table_uri"]
@@ -78,6 +81,7 @@ def find_merge_commit(
     app_version: int | None = None,
     after_version: int | None = None,
     storage_options: Mapping[str, str] | None = None,
+    credentials_from: str | None = None,
 ) -> MergeCommit | None:
     """The merge commit asked for, or None when the log does not hold it (yet).
 
@@ -86,7 +90,10 @@ def find_merge_commit(
     - ``after_version`` alone: the oldest merge commit (made by this provider's job) above that version;
     - ``app_id`` with ``after_version``: as for ``app_id``, and only if its version is above it.
 
+    :param credentials_from: where the credentials in ``storage_options`` came from (``"aws_conn_id='x'"``),
+        for the message of a storage error.
     :raises TargetTableNotFoundError: ``target`` is not a Delta table.
+    :raises StorageRefusedError: the store refused the credentials or the request, or the bucket is missing.
     :raises MergeProviderError: the log could not be read.
     """
     if app_id is None and after_version is None:
@@ -95,6 +102,14 @@ def find_merge_commit(
         raise ValueError("find_merge_commit: app_version needs an app_id")
     uri = normalize_table_uri(target)
     options = dict(storage_options) if storage_options else None
+    with credentials_named({uri: credentials_from}):
+        return _find(uri, app_id, app_version, after_version, options)
+
+
+def _find(
+    uri: str, app_id: str | None, app_version: int | None, after_version: int | None,
+    options: dict[str, str] | None,
+) -> MergeCommit | None:  # fmt: skip
     if app_id is None:
         assert after_version is not None
         return _first_merge_after(uri, after_version, options)
@@ -138,5 +153,10 @@ def _reading(uri: str) -> Iterator[None]:
                 f"{uri} is not a Delta table (no _delta_log found). Check the target URI and that the "
                 "table has been created."
             ) from error
+        if isinstance(error, MergeJobError):
+            # The job's message names the table, the operation and what to check already.
+            refused = isinstance(error, TableStorageError) and is_deterministic(type(error).__name__)
+            kind = StorageRefusedError if refused else MergeProviderError
+            raise kind(str(error)) from error
         first = (str(error).strip().splitlines() or [type(error).__name__])[0]
         raise MergeProviderError(f"Cannot read the Delta log of {uri}: {first}") from error

@@ -1,4 +1,10 @@
-"""StorageCredentialsHook: an Airflow connection's AWS credentials as deltalake-style storage options."""
+"""Storage credentials from Airflow connections, as deltalake-style storage options: an AWS connection's for
+S3 (``aws_conn_id``), an Azure connection's for Azure Blob Storage and ADLS Gen2 (``azure_conn_id``).
+
+The Azure connection is read by hand, field by field as the Microsoft Azure provider's ``wasb`` and ``adls``
+connection types define them: that provider's hooks build SDK clients, not the key material the job's
+executors need, and it need not be installed.
+"""
 
 from __future__ import annotations
 
@@ -6,20 +12,35 @@ import asyncio
 import importlib.util
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
 
 from airflow_merge_provider.errors import MergeArgumentError
-from spark_jobs.delta_merge.contract import is_secret_option
+from spark_jobs.delta_merge.contract import AZURE_SCHEMES, is_secret_option
 
-__all__ = ["StorageCredentialsHook", "amazon_provider_installed", "secret_option_keys", "with_credentials"]
+__all__ = [
+    "AzureStorageCredentialsHook",
+    "StorageCredentialsHook",
+    "aconnection_storage_options",
+    "amazon_provider_installed",
+    "connection_storage_options",
+    "secret_option_keys",
+    "with_credentials",
+]
 
 # The URI schemes whose storage options take AWS credentials.
 _S3_SCHEMES = ("s3://", "s3a://")
 # Spellings deltalake and object_store take for the same option (after dropping ``AWS_``).
 _ALIASES = {"ENDPOINT": "ENDPOINT_URL", "TOKEN": "SESSION_TOKEN", "DEFAULT_REGION": "REGION"}
 _KEY_PARTS = frozenset({"ACCESS_KEY_ID", "SECRET_ACCESS_KEY", "SESSION_TOKEN"})
+# object_store's Azure spellings (after dropping ``azure_storage_`` or ``azure_``), as the job reads them.
+_AZURE_ALIASES = {"access_key": "account_key", "master_key": "account_key", "sas_key": "sas_token",
+                  "authority_id": "tenant_id"}  # fmt: skip
+_AZURE_KEY_PARTS = frozenset({"account_key", "sas_token", "client_id", "client_secret", "tenant_id"})
+# Hosts of Azure Storage accounts (public and sovereign clouds): ACCOUNT.blob|dfs.<suffix>.
+_AZURE_HOST_SUFFIXES = (".core.windows.net", ".core.chinacloudapi.cn", ".core.usgovcloudapi.net")
 
 
 def amazon_provider_installed() -> bool:
@@ -117,17 +138,165 @@ class StorageCredentialsHook(BaseHook):
         return _options(credentials.access_key, credentials.secret_key, credentials.token, hook.region_name)
 
 
+class AzureStorageCredentialsHook(BaseHook):
+    """Reads Azure Blob Storage / ADLS Gen2 credentials from an Airflow connection, as the job's
+    ``storage_options`` keys (object_store's names).
+
+    The connection's fields as the Microsoft Azure provider's ``wasb`` and ``adls`` types use them (a generic
+    connection with the same fields works too): *login* the storage account name and *password* its account
+    key; with the extra ``tenant_id``, *login* and *password* are a service principal's client id and secret
+    instead. *host* is the account URL (``https://ACCOUNT.blob.core.windows.net``) or, for an emulator or a
+    private endpoint, the endpoint with the account (``http://127.0.0.1:10000/devstoreaccount1``). Extras:
+    ``account_name``, ``sas_token``, ``shared_access_key`` (an account key), ``connection_string``
+    (``AccountName=...;AccountKey=...`` or ``SharedAccessSignature=...``, ``BlobEndpoint=...``),
+    ``tenant_id``, ``client_id``, ``client_secret``.
+
+    :param azure_conn_id: the connection id.
+    """
+
+    conn_name_attr = "azure_conn_id"
+    default_conn_name = "wasb_default"
+
+    def __init__(self, *, azure_conn_id: str) -> None:
+        super().__init__()
+        self.azure_conn_id = azure_conn_id
+
+    def storage_options(self) -> dict[str, str]:
+        """``azure_storage_account_name`` with ``azure_storage_account_key``, ``azure_storage_sas_token`` or
+        ``azure_storage_client_id``/``_client_secret``/``_tenant_id``, and ``azure_storage_endpoint`` (with
+        ``azure_allow_http`` for ``http://``) when the host is not Azure's.
+
+        :raises MergeArgumentError: the connection is not defined, or holds no account or no credential. The
+            message names the connection and its fields, never their values.
+        """
+        try:
+            connection = self.get_connection(self.azure_conn_id)
+        except AirflowNotFoundException as error:
+            raise self._not_defined() from error
+        return self._storage_options(connection, _extras(connection.extra_dejson))
+
+    async def astorage_options(self) -> dict[str, str]:
+        """:meth:`storage_options` for async code (a trigger's ``run``)."""
+        try:
+            connection = await self.aget_connection(self.azure_conn_id)
+        except AirflowNotFoundException as error:
+            raise self._not_defined() from error
+        return self._storage_options(connection, _extras(await connection.aextra_dejson()))
+
+    def _storage_options(self, connection: Any, extra: Mapping[str, Any]) -> dict[str, str]:
+        extra = {key.rsplit("__", 1)[-1]: value for key, value in extra.items() if value not in (None, "")}
+        parts = _connection_string(str(extra.get("connection_string") or ""))
+        account = extra.get("account_name") or parts.get("accountname")
+        endpoint = parts.get("blobendpoint")
+        host = (connection.host or "").strip()
+        if host:
+            url = urlsplit(host if "://" in host else f"https://{host}")
+            hostname = (url.hostname or "").lower()
+            if hostname.endswith(_AZURE_HOST_SUFFIXES):
+                account = account or hostname.split(".", 1)[0]
+            elif "://" in host:
+                endpoint = endpoint or host.rstrip("/")
+            else:
+                account = account or host
+        options: dict[str, str] = {}
+        if extra.get("tenant_id"):
+            # A service principal: login and password are its client id and secret (as the provider has it).
+            principal = {"client_id": extra.get("client_id") or connection.login,
+                         "client_secret": extra.get("client_secret") or connection.password,
+                         "tenant_id": extra["tenant_id"]}  # fmt: skip
+            options.update({f"azure_storage_{k}": str(v) for k, v in principal.items() if v})
+        else:
+            account = account or connection.login
+            key = extra.get("shared_access_key") or parts.get("accountkey") or connection.password
+            if key:
+                options["azure_storage_account_key"] = str(key)
+        sas = str(extra.get("sas_token") or parts.get("sharedaccesssignature") or "")
+        if sas:
+            options["azure_storage_sas_token"] = sas.split("?", 1)[1] if "?" in sas else sas
+        if account:
+            options["azure_storage_account_name"] = str(account)
+        if endpoint:
+            options["azure_storage_endpoint"] = str(endpoint)
+            if str(endpoint).startswith("http://"):
+                options["azure_allow_http"] = "true"
+        named = f"Azure connection {self.azure_conn_id!r} (azure_conn_id)"
+        secrets = {"azure_storage_account_key", "azure_storage_sas_token", "azure_storage_client_secret"}
+        if not secrets & set(options):
+            raise MergeArgumentError(
+                f"{named} holds no credential: set its password (the account key), the extra sas_token, or "
+                "the extras tenant_id with login and password as a service principal's client id and secret."
+            )
+        if not account and not endpoint:
+            raise MergeArgumentError(
+                f"{named} names no storage account: set its login (the account name), its host (the account "
+                "URL) or the extra account_name."
+            )
+        return options
+
+    def _not_defined(self) -> MergeArgumentError:
+        return MergeArgumentError(
+            f"Azure connection {self.azure_conn_id!r} (azure_conn_id) is not defined. Define it, e.g. "
+            f"AIRFLOW_CONN_{self.azure_conn_id.upper()}='{{\"conn_type\": \"wasb\", \"login\": "
+            '"<account name>", "password": "<account key>"}\'.'
+        )
+
+
+def connection_storage_options(
+    storage_options: Mapping[str, str], *, uri: str | None, aws_conn_id: str | None = None,
+    azure_conn_id: str | None = None,
+) -> tuple[dict[str, str], str | None]:  # fmt: skip
+    """``storage_options`` completed with the credentials of the connection for ``uri``'s store (S3:
+    ``aws_conn_id``, Azure: ``azure_conn_id``; only that connection is read), and how storage errors name
+    the connection (``"aws_conn_id='lake_s3'"``), or None when its keys are not used (explicit keys win)."""
+    named, hook = _connection_for(uri, aws_conn_id, azure_conn_id)
+    if hook is None:
+        return dict(storage_options), None
+    completed = with_credentials(hook.storage_options(), storage_options, uri=uri)
+    return completed, _named_if_used(named, storage_options, completed)
+
+
+async def aconnection_storage_options(
+    storage_options: Mapping[str, str], *, uri: str | None, aws_conn_id: str | None = None,
+    azure_conn_id: str | None = None,
+) -> tuple[dict[str, str], str | None]:  # fmt: skip
+    """:func:`connection_storage_options` for async code (a trigger's ``run``)."""
+    named, hook = _connection_for(uri, aws_conn_id, azure_conn_id)
+    if hook is None:
+        return dict(storage_options), None
+    completed = with_credentials(await hook.astorage_options(), storage_options, uri=uri)
+    return completed, _named_if_used(named, storage_options, completed)
+
+
+def _connection_for(uri: str | None, aws_conn_id: str | None, azure_conn_id: str | None) -> tuple[str, Any]:
+    """(how errors name it, its hook) of the connection for ``uri``'s store, or ("", None)."""
+    store = _store(uri)
+    if store == "s3" and aws_conn_id is not None:
+        return f"aws_conn_id={aws_conn_id!r}", StorageCredentialsHook(aws_conn_id=aws_conn_id)
+    if store == "azure" and azure_conn_id is not None:
+        return f"azure_conn_id={azure_conn_id!r}", AzureStorageCredentialsHook(azure_conn_id=azure_conn_id)
+    return "", None
+
+
+def _named_if_used(named: str, given: Mapping[str, str], completed: Mapping[str, str]) -> str | None:
+    added = [key for key in completed if key not in given]
+    return named if secret_option_keys(dict.fromkeys(added, "")) else None
+
+
 def with_credentials(
     credentials: Mapping[str, str], storage_options: Mapping[str, str], *, uri: str | None
 ) -> dict[str, str]:
-    """``storage_options`` completed with ``credentials`` when ``uri`` is on S3; explicit keys win."""
-    if uri is None or not uri.lower().startswith(_S3_SCHEMES):
+    """``storage_options`` completed with ``credentials`` when ``uri`` is on their store (``AWS_*`` keys:
+    S3; ``azure_*`` keys: Azure); explicit keys win, and an explicit credential is never mixed with the
+    connection's."""
+    azure = any(key.lower().startswith("azure_") for key in credentials)
+    if _store(uri) != ("azure" if azure else "s3"):
         return dict(storage_options)
-    given = {_canonical(key) for key in storage_options}
-    if given & _KEY_PARTS:
+    canonical, parts = (_azure_canonical, _AZURE_KEY_PARTS) if azure else (_canonical, _KEY_PARTS)
+    given = {canonical(key) for key in storage_options}
+    if given & parts:
         # A key given explicitly is used whole: never its id with the connection's secret.
-        given |= _KEY_PARTS
-    added = {key: value for key, value in credentials.items() if _canonical(key) not in given}
+        given |= parts
+    added = {key: value for key, value in credentials.items() if canonical(key) not in given}
     return {**added, **storage_options}
 
 
@@ -139,6 +308,27 @@ def secret_option_keys(storage_options: Mapping[str, str]) -> list[str]:
 def _canonical(key: str) -> str:
     name = key.upper().removeprefix("AWS_")
     return _ALIASES.get(name, name)
+
+
+def _azure_canonical(key: str) -> str:
+    name = key.lower().removeprefix("azure_storage_").removeprefix("azure_")
+    return _AZURE_ALIASES.get(name, name)
+
+
+def _store(uri: str | None) -> str | None:
+    if uri is None:
+        return None
+    scheme = uri.partition("://")[0].lower() if "://" in uri else ""
+    if f"{scheme}://" in _S3_SCHEMES:
+        return "s3"
+    return "azure" if scheme in AZURE_SCHEMES else None
+
+
+def _connection_string(text: str) -> dict[str, str]:
+    """An Azure Storage connection string's fields, by lowercased name (``accountname``, ``accountkey``,
+    ``sharedaccesssignature``, ``blobendpoint``)."""
+    fields = (part.partition("=") for part in text.split(";") if "=" in part)
+    return {name.strip().lower(): value.strip() for name, _, value in fields}
 
 
 def _options(

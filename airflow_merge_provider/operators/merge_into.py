@@ -14,7 +14,12 @@ from airflow_merge_provider.argument_check import reject_unknown_arguments
 from airflow_merge_provider.assets import default_outlet, record_merge_event
 from airflow_merge_provider.driver_output import SparkApplication
 from airflow_merge_provider.driver_process import DriverRef, driver_state, remove_spec_file, stop_driver
-from airflow_merge_provider.errors import MergeJobFailedError, MergeProviderError, MergeSpecInvalidError
+from airflow_merge_provider.errors import (
+    MergeJobFailedError,
+    MergeProviderError,
+    MergeSpecInvalidError,
+    one_clear_message,
+)
 from airflow_merge_provider.hooks.merge_commit import MergeCommit, find_merge_commit
 from airflow_merge_provider.hooks.merge_connect import (
     MergeConnectHook,
@@ -44,7 +49,59 @@ if TYPE_CHECKING:
 
     from spark_jobs.delta_merge.contract import JobFailure, MergeSpec
 
-__all__ = ["MergeIntoOperator", "default_app_id"]
+__all__ = ["ARGUMENT_MEANINGS", "MergeIntoOperator", "default_app_id"]
+
+_OWN_JOB = (
+    "the operator submits its own packaged merge job and builds spark-submit's application and arguments "
+    "itself: Spark settings go in spark_conf, the merge's in options and merge_sql"
+)
+_STORAGE = (
+    "storage options belong to the table they open: target={'uri': ..., 'storage_options': {...}} (and "
+    "source likewise), or credentials from a connection with aws_conn_id (S3) or azure_conn_id (Azure)"
+)
+# The names SparkSubmitOperator, the Spark Connect, Databricks and SQL operators, and Delta give the same
+# settings, and what this operator calls them (reject_unknown_arguments matches them ignoring case and "_").
+ARGUMENT_MEANINGS: dict[str, str] = {
+    **dict.fromkeys(("spark_conn_id", "conn", "connection", "connection_id", "spark_connection",
+                     "spark_connect_conn_id", "databricks_conn_id", "livy_conn_id"), "conn_id"),
+    **dict.fromkeys(("target_table", "table", "table_name", "target_path", "target_uri", "path",
+                     "delta_table", "delta_path", "destination", "destination_table", "into"), "target"),
+    **dict.fromkeys(("source_table", "source_path", "source_uri", "source_query", "source_sql",
+                     "using"), "source"),
+    **dict.fromkeys(("sql", "query", "merge_query", "merge_statement", "statement", "sql_statement",
+                     "merge"), "merge_sql"),
+    **dict.fromkeys(("on", "merge_condition", "join_condition", "predicate", "merge_on"), "condition"),
+    **dict.fromkeys(("keys", "merge_keys", "primary_keys", "key_columns"),
+                    "the keys go in the ON condition: merge_sql='MERGE INTO ... ON t.id = s.id ...', or "
+                    "condition='t.id = s.id' with when_matched/when_not_matched"),
+    **dict.fromkeys(("retry", "max_retries", "num_retries", "retry_count"), "retries"),
+    **dict.fromkeys(("retry_delay_seconds", "retry_interval"), "retry_delay"),
+    **dict.fromkeys(("conf", "spark_config", "spark_confs", "spark_configuration", "config",
+                     "spark_settings"), "spark_conf"),
+    **dict.fromkeys(("wait", "wait_for_termination", "wait_for_finish"), "wait_for_completion"),
+    **dict.fromkeys(("polling_period_seconds", "poke_interval", "check_interval"), "poll_interval"),
+    **dict.fromkeys(("aws_conn", "s3_conn_id", "aws_connection_id", "aws_connection"), "aws_conn_id"),
+    **dict.fromkeys(("azure_conn", "wasb_conn_id", "adls_conn_id", "azure_data_lake_conn_id",
+                     "azure_connection_id", "abfs_conn_id"), "azure_conn_id"),
+    **dict.fromkeys(("gcp_conn_id", "google_cloud_storage_conn_id", "gcs_conn_id"),
+                    "GCS credentials come from the environment of the driver and executors "
+                    "(GOOGLE_APPLICATION_CREDENTIALS) or their service account: no connection is read for gs://"),
+    **dict.fromkeys(("idempotency_key", "txn_app_id", "application_id"), "app_id"),
+    **dict.fromkeys(("txn_version", "idempotency_version", "batch_id"), "app_version"),
+    **dict.fromkeys(("env", "environment", "environment_variables"), "env_vars"),
+    **dict.fromkeys(("timeout", "execution_timeout_seconds"), "execution_timeout"),
+    **dict.fromkeys(("application", "application_args", "py_files", "jars", "packages", "files",
+                     "archives", "java_class", "main_class", "python_file", "spark_python_task",
+                     "spark_jar_task", "notebook_task"), _OWN_JOB),
+    **dict.fromkeys(("storage_options", "credentials", "aws_access_key_id", "aws_secret_access_key"),
+                    _STORAGE),
+    **dict.fromkeys(("merge_schema", "auto_merge", "schema_auto_merge", "allow_schema_evolution",
+                     "evolve_schema"),
+                    "schema evolution is an option: pass options={'schema_evolution': True}"),
+    **dict.fromkeys(("partition_by", "partition_columns", "partitioned_by"),
+                    "a merge writes with the target table's own partitioning: partition the table when "
+                    "you create it"),
+}
 
 
 class MergeIntoOperator(ResumableJobMixin, BaseOperator):
@@ -94,8 +151,8 @@ class MergeIntoOperator(ResumableJobMixin, BaseOperator):
     the commit until ``execution_timeout``: the driver's log is on the cluster, so a failed application
     is seen only by its missing commit (set ``execution_timeout``).
 
-    :param target: the Delta table: a path or URI, or ``{"uri", "storage_options"}``. (templated)
-    :param source: a Parquet path or URI, or the contract's ``{"uri", "format", "options",
+    :param target: (required) the Delta table: a path or URI, or ``{"uri", "storage_options"}``. (templated)
+    :param source: (required) a Parquet path or URI, or the contract's ``{"uri", "format", "options",
         "storage_options"}`` or ``{"query"}``. (templated)
     :param merge_sql: a ``MERGE INTO target t USING source s ...`` statement, or a ``.sql`` file.
         (templated)
@@ -137,6 +194,11 @@ class MergeIntoOperator(ResumableJobMixin, BaseOperator):
         credentials never reach the log, XCom or rendered fields. Needs client deploy mode and a waiting
         task (not ``deferrable``, ``wait_for_completion``): the spec then travels in a private file. Not
         templated.
+    :param azure_conn_id: likewise for an Azure Blob Storage / ADLS Gen2 target and source (``abfss://``,
+        ``az://``, ...): a ``wasb``, ``adls`` or generic connection whose login is the storage account and
+        password its key (or extras ``sas_token``, ``connection_string``, or ``tenant_id`` with login and
+        password as a service principal's client id and secret; host an account URL or an emulator's
+        endpoint). Read field by field, the Microsoft Azure provider need not be installed. Not templated.
     :param app_id: override the idempotency key's application id (templated: ``"accounts.{{ ds }}"``
         makes the merge apply once per logical date, whichever run or clear runs it).
     :param app_version: override the idempotency key's version (default: the DAG run's clear number): an
@@ -145,7 +207,8 @@ class MergeIntoOperator(ResumableJobMixin, BaseOperator):
         ``appId``/``appVersion`` at once (fire and forget; wait with MergeCommitSensor; ``deferrable`` and
         ``durable`` do not apply). The task then has no default outlet: give the sensor the table's asset.
     :param deferrable: wait in the triggerer rather than in a worker slot (default: ``[operators]
-        default_deferrable``). Refuses credentials (``aws_conn_id``, secret ``storage_options``).
+        default_deferrable``). Refuses credentials (``aws_conn_id``, ``azure_conn_id``, secret
+        ``storage_options``).
     :param poll_interval: seconds between two looks of the trigger at the driver and the Delta log.
     :param durable: record the driver in the task state store so that a retry after a worker crash
         follows the running driver rather than starting another (default True, ``ResumableJobMixin``'s).
@@ -176,8 +239,9 @@ class MergeIntoOperator(ResumableJobMixin, BaseOperator):
     def __init__(
         self,
         *,
-        target: str | Mapping[str, Any],
-        source: str | Mapping[str, Any],
+        # Required: None only so that a misnamed one gets its hint first (reject_unknown_arguments).
+        target: str | Mapping[str, Any] | None = None,
+        source: str | Mapping[str, Any] | None = None,
         merge_sql: str | None = None,
         condition: str | None = None,
         when_matched: Sequence[Mapping[str, Any]] | None = None,
@@ -199,6 +263,7 @@ class MergeIntoOperator(ResumableJobMixin, BaseOperator):
         env_vars: Mapping[str, str] | None = None,
         spark_binary: str | None = None,
         aws_conn_id: str | None = None,
+        azure_conn_id: str | None = None,
         app_id: str | None = None,
         app_version: int | str | None = None,
         wait_for_completion: bool = True,
@@ -209,7 +274,10 @@ class MergeIntoOperator(ResumableJobMixin, BaseOperator):
         openlineage_inject_transport_info: bool | None = None,
         **kwargs: Any,
     ) -> None:
-        reject_unknown_arguments(type(self), kwargs, options=option_names)
+        reject_unknown_arguments(
+            type(self), kwargs, options=option_names, meanings=ARGUMENT_MEANINGS,
+            required={"target": target, "source": source},
+        )
         clause_lists = (when_matched, when_not_matched, when_not_matched_by_source)
         structural = condition is not None or any(clause_lists)
         if (merge_sql is None) == (not structural):
@@ -220,8 +288,10 @@ class MergeIntoOperator(ResumableJobMixin, BaseOperator):
         if durable is not None:
             kwargs["durable"] = durable  # else the mixin's default, or default_args'
         super().__init__(**kwargs)
-        self.target = target
-        self.source = source
+        if isinstance(merge_sql, str) and not _is_template(merge_sql, self.template_ext):
+            _check_literal_merge_sql(merge_sql, task_id=self.task_id)
+        self.target = cast("str | Mapping[str, Any]", target)  # given: checked above
+        self.source = cast("str | Mapping[str, Any]", source)
         self.merge_sql = merge_sql
         self.condition = condition
         self.when_matched = list(when_matched or [])
@@ -243,6 +313,7 @@ class MergeIntoOperator(ResumableJobMixin, BaseOperator):
         self.env_vars = dict(env_vars or {})
         self.spark_binary = spark_binary
         self.aws_conn_id = aws_conn_id
+        self.azure_conn_id = azure_conn_id
         self.app_id = app_id
         self.app_version = app_version
         self.wait_for_completion = wait_for_completion
@@ -270,7 +341,7 @@ class MergeIntoOperator(ResumableJobMixin, BaseOperator):
         if "outlets" not in kwargs and wait_for_completion and not dry:
             dag = self.get_dag()
             dag_id = dag.dag_id if dag is not None else None
-            self.outlets = [default_outlet(_target_uri(target), task_id=self.task_id, dag_id=dag_id)]
+            self.outlets = [default_outlet(_target_uri(self.target), task_id=self.task_id, dag_id=dag_id)]
 
     # -- spec ------------------------------------------------------------------------------------------
 
@@ -301,6 +372,10 @@ class MergeIntoOperator(ResumableJobMixin, BaseOperator):
     # -- execution -------------------------------------------------------------------------------------
 
     def execute(self, context: Context) -> dict[str, Any]:
+        with one_clear_message(self.log):
+            return self._execute(context)
+
+    def _execute(self, context: Context) -> dict[str, Any]:
         spec = self.build_spec(context)
         self._spec = spec
         on_connect = is_connect_connection(self.conn_id)
@@ -308,7 +383,9 @@ class MergeIntoOperator(ResumableJobMixin, BaseOperator):
             self._refuse_modes_connect_cannot_run()
         self.log.info("Merge spec:\n%s", redacted(spec).to_json(indent=2))
         # From here on the spec may hold the connection's credentials: it stays local to this call.
-        spec = with_connection_credentials(spec, self.aws_conn_id, log=self.log)
+        spec = with_connection_credentials(
+            spec, aws_conn_id=self.aws_conn_id, azure_conn_id=self.azure_conn_id, log=self.log
+        )
         committed = self._committed(spec)
         if committed is not None:
             self.log.info(
@@ -321,7 +398,7 @@ class MergeIntoOperator(ResumableJobMixin, BaseOperator):
         deferred = self.deferrable and self.wait_for_completion
         hook = self._make_hook(spec, context, detached=deferred or not self.wait_for_completion)
         refuse_credentials_on_the_command_line(
-            spec, aws_conn_id=self.aws_conn_id, deploy_mode=hook.deploy_mode,
+            spec, connections=self._storage_connections(), deploy_mode=hook.deploy_mode,
             private_file=hook.deploy_mode == "client" and self.wait_for_completion and not deferred,
             how=f"wait_for_completion={self.wait_for_completion}, deferrable={self.deferrable}",
         )  # fmt: skip
@@ -412,8 +489,13 @@ class MergeIntoOperator(ResumableJobMixin, BaseOperator):
             return None
         return find_merge_commit(
             spec.target.uri, app_id=spec.run.app_id, app_version=spec.run.app_version,
-            storage_options=spec.target.storage_options,
+            storage_options=spec.target.storage_options, credentials_from=spec.target.credentials_from,
         )  # fmt: skip
+
+    def _storage_connections(self) -> list[str]:
+        """The storage connections given, by parameter name (for messages)."""
+        given = {"aws_conn_id": self.aws_conn_id, "azure_conn_id": self.azure_conn_id}
+        return [name for name, conn_id in given.items() if conn_id is not None]
 
     def _make_hook(self, spec: MergeSpec, context: Context | None, *, detached: bool) -> MergeDriverHook:
         hook = MergeDriverHook.for_merge(
@@ -518,6 +600,11 @@ class MergeIntoOperator(ResumableJobMixin, BaseOperator):
     def execute_complete(self, context: Context, event: Mapping[str, Any]) -> dict[str, Any]:
         """Resume after the trigger's one event: the same XCom, asset event and task log as a waiting run,
         or the same error."""
+        with one_clear_message(self.log):
+            return self._execute_complete(context, event)
+
+    def _execute_complete(self, context: Context, event: Mapping[str, Any]) -> dict[str, Any]:
+        """The body of :meth:`execute_complete`."""
         spec = self.build_spec(context)
         self._spec = spec
         run = MergeRun(
@@ -593,3 +680,20 @@ def _job_failure(data: Mapping[str, Any]) -> JobFailure:
 
 def _target_uri(target: str | Mapping[str, Any]) -> str:
     return str(target.get("uri", "")) if isinstance(target, Mapping) else target
+
+
+def _is_template(text: str, template_ext: Sequence[str]) -> bool:
+    """Whether Airflow renders ``text`` before the task runs: Jinja markup, or a file it reads by its
+    extension (``.sql``)."""
+    return any(mark in text for mark in ("{{", "{%", "{#")) or text.strip().endswith(tuple(template_ext))
+
+
+def _check_literal_merge_sql(merge_sql: str, *, task_id: str) -> None:
+    """A statement known when the DAG file is parsed is checked then (a DAG import error naming its line
+    and column), as the rendered one is checked before anything is submitted (``build_spec``)."""
+    from spark_jobs.delta_merge.contract import MergeSpecError, check_merge_sql
+
+    try:
+        check_merge_sql(merge_sql)
+    except MergeSpecError as error:
+        raise MergeSpecInvalidError(f"Invalid merge_sql for task {task_id}: {error}") from None

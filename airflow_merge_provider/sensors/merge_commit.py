@@ -11,16 +11,25 @@ from airflow.sdk.exceptions import AirflowException, AirflowSensorTimeout
 
 from airflow_merge_provider.argument_check import reject_unknown_arguments
 from airflow_merge_provider.assets import record_merge_event
-from airflow_merge_provider.errors import MergeArgumentError
+from airflow_merge_provider.errors import MergeArgumentError, StorageRefusedError, one_clear_message
 from airflow_merge_provider.hooks.merge_commit import MergeCommit, find_merge_commit
-from airflow_merge_provider.hooks.storage_credentials import (
-    StorageCredentialsHook,
-    secret_option_keys,
-    with_credentials,
-)
+from airflow_merge_provider.hooks.storage_credentials import connection_storage_options, secret_option_keys
 from airflow_merge_provider.triggers.merge_commit import MergeCommitTrigger
 
-__all__ = ["MergeCommitSensor"]
+__all__ = ["SENSOR_ARGUMENT_MEANINGS", "MergeCommitSensor"]
+
+# The names other sensors and operators give these settings (reject_unknown_arguments' hints).
+SENSOR_ARGUMENT_MEANINGS: dict[str, str] = {
+    **dict.fromkeys(("table", "target_table", "table_name", "path", "target_path", "target_uri",
+                     "delta_table"), "target"),
+    **dict.fromkeys(("poll_interval", "polling_period_seconds", "check_interval"), "poke_interval"),
+    **dict.fromkeys(("aws_conn", "s3_conn_id", "aws_connection_id", "conn_id"), "aws_conn_id"),
+    **dict.fromkeys(("azure_conn", "wasb_conn_id", "adls_conn_id", "azure_data_lake_conn_id"),
+                    "azure_conn_id"),
+    **dict.fromkeys(("version", "table_version", "min_version"), "after_version"),
+    **dict.fromkeys(("idempotency_key", "txn_app_id", "application_id"), "app_id"),
+    **dict.fromkeys(("txn_version", "idempotency_version"), "app_version"),
+}
 
 
 class MergeCommitSensor(BaseSensorOperator):
@@ -34,12 +43,13 @@ class MergeCommitSensor(BaseSensorOperator):
     Works in ``poke`` and ``reschedule`` modes, and with ``deferrable=True`` through
     :class:`MergeCommitTrigger` (the triggerer polls; no worker slot is held).
 
-    For a table on S3, give the credentials as ``aws_conn_id``: they are read from the connection where
+    For a table on S3, give the credentials as ``aws_conn_id`` (on Azure, ``azure_conn_id``): they are read
+    from the connection where
     the log is read (the worker when poking, the triggerer when deferred) and never stored. A deferrable
     sensor refuses secret ``storage_options`` (keys, tokens, passwords), as the trigger's row in the
     metadata database would hold them.
 
-    :param target: the Delta table's path or URI. (templated)
+    :param target: (required) the Delta table's path or URI. (templated)
     :param app_id: the merge's application id, e.g. MergeIntoOperator's ``appId`` XCom. (templated)
     :param app_version: the merge's application version; an int or its text. (templated)
     :param after_version: wait for a merge commit above this table version; an int or its text.
@@ -51,6 +61,9 @@ class MergeCommitSensor(BaseSensorOperator):
         win. Read when the log is read (with the Amazon provider when it is installed, else login = access
         key id, password = secret, extra ``aws_session_token``); a trigger carries only the id. Not
         templated.
+    :param azure_conn_id: likewise for an Azure target: a ``wasb``, ``adls`` or generic connection (login:
+        the storage account, password: its key; or extras ``sas_token``, ``connection_string``,
+        ``tenant_id`` with a service principal; see MergeIntoOperator). Not templated.
     :param deferrable: wait in the triggerer rather than in a worker.
     """
 
@@ -60,27 +73,31 @@ class MergeCommitSensor(BaseSensorOperator):
     def __init__(
         self,
         *,
-        target: str,
+        # Required: None only so that a misnamed one gets its hint first (reject_unknown_arguments).
+        target: str | None = None,
         app_id: str | None = None,
         app_version: int | str | None = None,
         after_version: int | str | None = None,
         storage_options: Mapping[str, str] | None = None,
         aws_conn_id: str | None = None,
+        azure_conn_id: str | None = None,
         deferrable: bool = False,
         **kwargs: Any,
     ) -> None:
-        reject_unknown_arguments(type(self), kwargs)
+        reject_unknown_arguments(type(self), kwargs, meanings=SENSOR_ARGUMENT_MEANINGS,
+                                 required={"target": target})
         if app_id is None and after_version is None:
             raise ValueError("MergeCommitSensor: give app_id (and app_version) or after_version")
         if app_id is None and app_version is not None:
             raise ValueError("MergeCommitSensor: app_version needs app_id")
         super().__init__(**kwargs)
-        self.target = target
+        self.target: str = target or ""  # given: checked above
         self.app_id = app_id
         self.app_version = app_version
         self.after_version = after_version
         self.storage_options = dict(storage_options or {})
         self.aws_conn_id = aws_conn_id
+        self.azure_conn_id = azure_conn_id
         self.deferrable = deferrable
         self._refuse_secrets_for_the_trigger()
 
@@ -95,11 +112,11 @@ class MergeCommitSensor(BaseSensorOperator):
     def _find(self) -> MergeCommit | None:
         """One look at the log from the worker, with the connection's credentials read now."""
         query = self._query()
-        storage_options = self.storage_options
-        if self.aws_conn_id is not None:
-            credentials = StorageCredentialsHook(aws_conn_id=self.aws_conn_id).storage_options()
-            storage_options = with_credentials(credentials, storage_options, uri=self.target)
-        return find_merge_commit(self.target, storage_options=storage_options, **query)
+        storage_options, named = connection_storage_options(self.storage_options, uri=self.target,
+                                                            aws_conn_id=self.aws_conn_id,
+                                                            azure_conn_id=self.azure_conn_id)  # fmt: skip
+        return find_merge_commit(self.target, storage_options=storage_options, credentials_from=named,
+                                 **query)  # fmt: skip
 
     def _refuse_secrets_for_the_trigger(self) -> None:
         """A deferred sensor's trigger is serialized into the metadata database: no secret may go there."""
@@ -108,7 +125,8 @@ class MergeCommitSensor(BaseSensorOperator):
             raise MergeArgumentError(
                 f"MergeCommitSensor: storage_options {', '.join(secret_keys)} hold secrets, which a "
                 "deferrable sensor would store in the metadata database with its trigger: pass aws_conn_id "
-                "instead (the triggerer reads the connection when it polls), or set deferrable=False. "
+                "or azure_conn_id instead (the triggerer reads the connection when it polls), or set "
+                "deferrable=False. "
                 "Options without secrets (endpoint, region, allow_http) may stay in storage_options."
             )
 
@@ -119,6 +137,10 @@ class MergeCommitSensor(BaseSensorOperator):
         return PokeReturnValue(is_done=True, xcom_value=self._complete(context, commit))
 
     def execute(self, context: Context) -> Any:
+        with one_clear_message(self.log):
+            return self._execute(context)
+
+    def _execute(self, context: Context) -> Any:
         if not self.deferrable:
             return super().execute(context)
         # Checked again here: deferrable or storage_options may have been changed after construction.
@@ -129,6 +151,7 @@ class MergeCommitSensor(BaseSensorOperator):
         self.defer(
             trigger=MergeCommitTrigger(
                 target=self.target, storage_options=self.storage_options, aws_conn_id=self.aws_conn_id,
+                azure_conn_id=self.azure_conn_id,
                 poll_interval=self.poke_interval, deadline=time.time() + self.timeout, **self._query(),
             ),
             method_name="execute_complete",
@@ -140,6 +163,8 @@ class MergeCommitSensor(BaseSensorOperator):
             return self._complete(context, MergeCommit.from_dict(event["commit"]))
         if event.get("timed_out"):
             raise AirflowSensorTimeout(str(event.get("message")))
+        if event.get("refused"):
+            raise StorageRefusedError(f"MergeCommitSensor: {event.get('message')}")
         raise AirflowException(f"MergeCommitSensor: {event.get('message')}")
 
     def _complete(self, context: Context, commit: MergeCommit) -> dict[str, Any]:

@@ -11,8 +11,9 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_merge_provider.driver_output import DriverOutput
 from airflow_merge_provider.driver_process import DriverRef, driver_state
+from airflow_merge_provider.errors import StorageRefusedError
 from airflow_merge_provider.hooks.merge_commit import MergeCommit, find_merge_commit
-from airflow_merge_provider.hooks.storage_credentials import StorageCredentialsHook, with_credentials
+from airflow_merge_provider.hooks.storage_credentials import aconnection_storage_options
 
 __all__ = ["MergeCommitTrigger"]
 
@@ -43,6 +44,7 @@ class MergeCommitTrigger(BaseTrigger):
     :param aws_conn_id: an Airflow connection whose AWS credentials (and extras ``region_name``,
         ``endpoint_url``) complete ``storage_options`` for an S3 target; keys given in ``storage_options``
         win. Only the id is serialized: the triggerer reads the connection when it polls.
+    :param azure_conn_id: likewise, an Azure connection's credentials for an Azure target.
     :param poll_interval: seconds between two reads of the log.
     :param deadline: epoch seconds after which the trigger gives up (None: never). A deadline rather than
         a duration, so a trigger restarted on another triggerer keeps the original time limit.
@@ -60,6 +62,7 @@ class MergeCommitTrigger(BaseTrigger):
         after_version: int | None = None,
         storage_options: Mapping[str, str] | None = None,
         aws_conn_id: str | None = None,
+        azure_conn_id: str | None = None,
         poll_interval: float = 30.0,
         deadline: float | None = None,
         driver: Mapping[str, Any] | None = None,
@@ -73,6 +76,7 @@ class MergeCommitTrigger(BaseTrigger):
         self.after_version = after_version
         self.storage_options = dict(storage_options or {})
         self.aws_conn_id = aws_conn_id
+        self.azure_conn_id = azure_conn_id
         self.poll_interval = poll_interval
         self.deadline = deadline
         self.driver = None if driver is None else dict(driver)
@@ -85,6 +89,7 @@ class MergeCommitTrigger(BaseTrigger):
             "after_version": self.after_version,
             "storage_options": self.storage_options,
             "aws_conn_id": self.aws_conn_id,
+            "azure_conn_id": self.azure_conn_id,
             "poll_interval": self.poll_interval,
             "deadline": self.deadline,
         }
@@ -105,9 +110,10 @@ class MergeCommitTrigger(BaseTrigger):
                     output.finish()
                 commit = await self._find()
             except Exception as error:
-                message = self._error_message(error)
-                yield self._event({"status": "error", "message": message, "timed_out": False, "failure": None,
-                                   "exited": False})  # fmt: skip
+                # refused: the store refused the credentials or the request; the task is not retried.
+                yield self._event({"status": "error", "message": str(error), "timed_out": False,
+                                   "failure": None, "exited": False,
+                                   "refused": isinstance(error, StorageRefusedError)})  # fmt: skip
                 return
             if driver is None and commit is not None:
                 yield self._event({"status": "success", "commit": commit.to_dict()})
@@ -141,7 +147,11 @@ class MergeCommitTrigger(BaseTrigger):
     async def _find(self) -> MergeCommit | None:
         if self.app_id is None and self.after_version is None:
             return None  # a dry run's driver: it commits nothing
-        storage_options = await self._storage_options()
+        # The connection is read at each poll rather than once: temporary credentials (a session token, an
+        # assumed role) can expire while the trigger waits.
+        connections = {"aws_conn_id": self.aws_conn_id, "azure_conn_id": self.azure_conn_id}
+        storage_options, named = await aconnection_storage_options(self.storage_options, uri=self.target,
+                                                                   **connections)  # fmt: skip
         # deltalake reads block: keep them off the triggerer's event loop.
         return await asyncio.to_thread(
             find_merge_commit,
@@ -150,6 +160,7 @@ class MergeCommitTrigger(BaseTrigger):
             app_version=self.app_version,
             after_version=self.after_version,
             storage_options=storage_options,
+            credentials_from=named,
         )
 
     def _driver_failed(self, driver: DriverRef | None, output: DriverOutput, exited: bool) -> dict[str, Any]:
@@ -164,20 +175,6 @@ class MergeCommitTrigger(BaseTrigger):
             "status": "error", "message": message, "timed_out": False, "exited": exited,
             "failure": None if failure is None else {"kind": failure.kind, "message": failure.message},
         }  # fmt: skip
-
-    async def _storage_options(self) -> dict[str, str]:
-        """``storage_options`` completed with the connection's credentials, read at each poll rather than
-        once: temporary credentials (a session token, an assumed role) can expire while the trigger waits."""
-        if self.aws_conn_id is None:
-            return self.storage_options
-        credentials = await StorageCredentialsHook(aws_conn_id=self.aws_conn_id).astorage_options()
-        return with_credentials(credentials, self.storage_options, uri=self.target)
-
-    def _error_message(self, error: Exception) -> str:
-        # The log readers' messages say to check the keys "in storage_options": say where they came from.
-        if self.aws_conn_id is None:
-            return f"{error}"
-        return f"{error} (credentials from aws_conn_id {self.aws_conn_id!r})"
 
     def _wanted(self) -> str:
         if self.app_id is None:

@@ -70,7 +70,7 @@ def summarize(
                     dv = closest_run["deletion_vectors"]
                     row |= {"deletion_vectors": dv["added"] + dv["updated"], "rows_marked": dv["rows_marked"]}
                     # What the median run cost its Spark session: the time of each stage.
-                    row["stage_ms"] = closest["raw"].get("stageTimesMs") or {}
+                    row["stage_ms"] = closest["raw"].get("stageTimesMs") or []
             rows.append(row)
         bases = (
             ("naive", "ratio_vs_naive"),
@@ -146,8 +146,8 @@ def print_report(summary: Sequence[Mapping[str, Any]], targets: Sequence[Mapping
     print("\n== the job's median runs: ms per stage ==")
     for row in summary:
         if row.get("stage_ms"):
-            stages = ", ".join(f"{name.removeprefix('MERGE operation - ')} {ms}"
-                               for name, ms in row["stage_ms"].items())  # fmt: skip
+            stages = ", ".join(f"{stage['stage'].removeprefix('MERGE operation - ')} {stage['ms']}"
+                               for stage in row["stage_ms"])  # fmt: skip
             print(f"  {row['case']} [{row['engine']}]: {stages}")
     bases = ", ".join(dict.fromkeys(goal["base"] for goal in targets))
     print(f"\n== targets (this job vs {bases}) ==")

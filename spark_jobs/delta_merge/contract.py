@@ -13,17 +13,26 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from spark_jobs.delta_merge.errors import DETERMINISTIC_ERRORS, MergeJobError, MergeSpecError, spark_failure
+from spark_jobs.delta_merge.errors import (
+    DETERMINISTIC_ERRORS,
+    MergeJobError,
+    MergeSpecError,
+    TableStorageError,
+    spark_failure,
+)
 from spark_jobs.delta_merge.expectations import failed_expectations
-from spark_jobs.delta_merge.metrics import DELTA_METRIC_NAMES, MergeMetrics
+from spark_jobs.delta_merge.metrics import DELTA_METRIC_NAMES, MergeMetrics, stage_times
 from spark_jobs.delta_merge.protocol.commit_info import MERGE_ENGINE, MERGE_OPERATION
+from spark_jobs.delta_merge.storage.azure_options import AZURE_SCHEMES
+from spark_jobs.delta_merge.storage.storage_errors import credentials_named
 from spark_jobs.delta_merge.storage.storage_secrets import is_secret_option
 
 if TYPE_CHECKING:
     from spark_jobs.delta_merge.pipeline import run_merge
-    from spark_jobs.delta_merge.spec import MergeSpec
+    from spark_jobs.delta_merge.spec import MergeSpec, SourceSpec, TargetSpec
 
 __all__ = [
+    "AZURE_SCHEMES",
     "DELTA_METRIC_NAMES",
     "DETERMINISTIC_ERRORS",
     "FAILURE_PREFIX",
@@ -36,7 +45,12 @@ __all__ = [
     "MergeMetrics",
     "MergeSpec",
     "MergeSpecError",
+    "SourceSpec",
+    "TableStorageError",
+    "TargetSpec",
     "app_transaction_version",
+    "check_merge_sql",
+    "credentials_named",
     "failed_expectations",
     "failure_line",
     "find_app_transaction_commit",
@@ -49,6 +63,7 @@ __all__ = [
     "read_commit_actions",
     "run_merge",
     "spark_failure",
+    "stage_times",
 ]
 
 # The driver prints the metrics as one stdout line: METRICS_PREFIX + JSON.
@@ -107,7 +122,7 @@ def parse_failure_line(line: str) -> JobFailure | None:
 
 def metrics_line(metrics: Mapping[str, Any]) -> str:
     """The job's metrics line: :data:`METRICS_PREFIX` and the metrics as one line of JSON, sorted by name;
-    a nested mapping (``stageTimesMs``) keeps its order: the stages in the order they ran."""
+    ``stageTimesMs`` is a list: the stages in the order they ran."""
     return METRICS_PREFIX + json.dumps(dict(sorted(metrics.items())))
 
 
@@ -175,12 +190,24 @@ def first_merge_commit_after(
     return first(uri, after_version, storage_options=storage_options)
 
 
+def check_merge_sql(merge_sql: str) -> None:
+    """Parse a ``MERGE INTO`` statement and check Delta's MERGE rules and the expression guard on it, as
+    ``MergeSpec.validate`` does, without the rest of a spec (for a statement known when a DAG is parsed).
+
+    :raises MergeSpecError: naming ``merge_sql`` and, for a syntax error, its line and column.
+    """
+    from spark_jobs.delta_merge.statement.merge_rules import check_parsed_merge
+    from spark_jobs.delta_merge.statement.merge_sql import parse_merge_sql
+
+    check_parsed_merge(parse_merge_sql(merge_sql), sql_form=True)
+
+
 def __getattr__(name: str) -> Any:
     # MergeSpec loads the SQL parser (sqlglot): only when the provider first builds or reads a spec.
-    if name == "MergeSpec":
-        from spark_jobs.delta_merge.spec import MergeSpec
+    if name in ("MergeSpec", "SourceSpec", "TargetSpec"):
+        from spark_jobs.delta_merge import spec
 
-        return MergeSpec
+        return getattr(spec, name)
     # The merge itself (pyspark, deltalake): only when a task merges on Spark Connect.
     if name == "run_merge":
         from spark_jobs.delta_merge.pipeline import run_merge

@@ -16,6 +16,11 @@ __all__ = [
     "MergeJobError",
     "MergeSpecError",
     "MultipleSourceRowMatchesError",
+    "StorageAuthenticationError",
+    "StorageContainerNotFoundError",
+    "StorageNetworkError",
+    "StoragePermissionError",
+    "StorageThrottledError",
     "TableStorageError",
     "UnsupportedTableFeatureError",
     "spark_failure",
@@ -119,8 +124,37 @@ class ConcurrentModificationError(MergeJobError):
 
 
 class TableStorageError(MergeJobError):
-    """A request to the table's store failed or was refused: credentials, permissions, a missing bucket,
-    the endpoint. The message names the table, the operation and what to check; never a secret."""
+    """A request to the table's store failed or was refused. The message names the table, the operation,
+    what the store answered, where the credentials came from and what to check; never a secret.
+
+    The subclasses say which failure it was; this class itself is a failure of no known kind (retried)."""
+
+
+class StorageAuthenticationError(TableStorageError):
+    """The store did not accept the credentials (a wrong, unknown or malformed key or signature)."""
+
+    retryable = False
+
+
+class StoragePermissionError(TableStorageError):
+    """The store refused the request: the credentials may not read or write the table."""
+
+    retryable = False
+
+
+class StorageContainerNotFoundError(TableStorageError):
+    """The table's bucket (S3, GCS) or container (Azure) does not exist."""
+
+    retryable = False
+
+
+class StorageThrottledError(TableStorageError):
+    """The store kept throttling requests (429, 503 SlowDown, ServerBusy) after the client's retries."""
+
+
+class StorageNetworkError(TableStorageError):
+    """The store could not be reached (connection refused, DNS, timeouts) or answered with a server error,
+    after the client's retries."""
 
 
 class ExpectationFailedError(MergeJobError):

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
-__all__ = ["DELTA_METRIC_NAMES", "MergeMetrics"]
+__all__ = ["DELTA_METRIC_NAMES", "MergeMetrics", "stage_times"]
 
 # The 26 metrics of MergeIntoCommandBase, in Delta's order.
 DELTA_METRIC_NAMES: tuple[str, ...] = (
@@ -80,13 +80,16 @@ class MergeMetrics:
     tableVersion: int = -1
     skipped: bool = False
     dryRun: bool = False
-    # What the merge cost its Spark session (not in the Delta log): the milliseconds of each stage, by
-    # Delta's name for the stage (for a merge that was skipped, none).
-    stageTimesMs: Mapping[str, int] = field(default_factory=dict)
+    # What the merge cost its Spark session (not in the Delta log): each stage, by Delta's name for it, and
+    # its milliseconds, in the order the stages ran (for a merge that was skipped, none). A list, not a
+    # mapping: XCom on PostgreSQL is JSONB, which keeps no key order.
+    stageTimesMs: Sequence[Mapping[str, Any]] = field(default_factory=tuple)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain dict for XCom, the JSON line and tests."""
-        return asdict(self)
+        """Plain dict for XCom, the JSON line and tests (``stageTimesMs`` a list of ``{"stage", "ms"}``)."""
+        data = asdict(self)
+        data["stageTimesMs"] = [dict(stage) for stage in self.stageTimesMs]
+        return data
 
     def operation_metrics(self) -> dict[str, int]:
         """The counts and times Delta records in ``commitInfo.operationMetrics`` (the commit writes them
@@ -119,7 +122,7 @@ class MergeMetrics:
             if field_ is None:
                 continue
             if key == "stageTimesMs":
-                values[key] = {str(name): int(ms) for name, ms in dict(raw or {}).items()}
+                values[key] = stage_times(raw)
             elif field_.type in ("bool", bool):
                 values[key] = raw if isinstance(raw, bool) else str(raw).lower() == "true"
             elif field_.type in ("str", str):
@@ -127,3 +130,11 @@ class MergeMetrics:
             else:
                 values[key] = int(raw)
         return cls(**values)
+
+
+def stage_times(raw: Any) -> tuple[dict[str, Any], ...]:
+    """``stageTimesMs`` as ``({"stage": name, "ms": int}, ...)`` in the order given: from that list, or from
+    a mapping of name to milliseconds (in its order)."""
+    if isinstance(raw, Mapping):
+        return tuple({"stage": str(name), "ms": int(ms)} for name, ms in raw.items())
+    return tuple({"stage": str(item["stage"]), "ms": int(item["ms"])} for item in raw or ())

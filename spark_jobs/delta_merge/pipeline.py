@@ -17,7 +17,7 @@ from spark_jobs.delta_merge.commit import applied_metrics, commit_merge
 from spark_jobs.delta_merge.errors import MergeExecutionError
 from spark_jobs.delta_merge.expectations import check_expectations
 from spark_jobs.delta_merge.merge.execute import execute_merge
-from spark_jobs.delta_merge.metrics import MergeMetrics
+from spark_jobs.delta_merge.metrics import MergeMetrics, stage_times
 from spark_jobs.delta_merge.protocol.column_mapping import map_new_fields
 from spark_jobs.delta_merge.protocol.snapshot import TargetSnapshot, load_snapshot
 from spark_jobs.delta_merge.session_facts import default_parallelism
@@ -31,6 +31,7 @@ from spark_jobs.delta_merge.source.materialize import (
 )
 from spark_jobs.delta_merge.spec import MergeSpec, ParsedMerge
 from spark_jobs.delta_merge.stage_timing import measured_merge, stage
+from spark_jobs.delta_merge.storage.storage_errors import credentials_named
 
 __all__ = ["run_merge", "session_confs"]
 
@@ -96,6 +97,19 @@ def run_merge(spark: SparkSession, spec: MergeSpec | Mapping[str, Any]) -> Merge
         # MERGE WITH SCHEMA EVOLUTION turns evolution on for this statement, as in Delta.
         spec = replace(spec, options=replace(spec.options, schema_evolution=True))
     started = time.monotonic()
+    with credentials_named(_credential_sources(spec)):
+        return _run_merge(spark, spec, parsed, started=started)
+
+
+def _credential_sources(spec: MergeSpec) -> dict[str, str | None]:
+    sources = {spec.target.uri: spec.target.credentials_from}
+    if spec.source.uri is not None:
+        sources[spec.source.uri] = spec.source.credentials_from
+    return sources
+
+
+def _run_merge(spark: SparkSession, spec: MergeSpec, parsed: ParsedMerge, *, started: float) -> MergeMetrics:
+    """The checked merge: skipped when its app transaction is in the log, else run to its commit."""
     applied = applied_metrics(spec)
     if applied is not None:
         log.info("MERGE skipped: app transaction %s v%s is already in the log (version %d)",
@@ -107,7 +121,7 @@ def run_merge(spark: SparkSession, spec: MergeSpec | Mapping[str, Any]) -> Merge
                 metrics = _run_attempt(spark, spec, parsed, started=started, attempt=attempt)
                 stages = ", ".join(f"{name}: {ms}" for name, ms in cost.stage_ms.items())
                 log.info("MERGE stages (ms): %s", stages)
-                return metrics.with_values(stageTimesMs=dict(cost.stage_ms))
+                return metrics.with_values(stageTimesMs=stage_times(cost.stage_ms))
             except MaterializedSourceLostError as lost:
                 if attempt == MATERIALIZE_MAX_ATTEMPTS:
                     raise MergeExecutionError(

@@ -60,24 +60,34 @@ _QUERY_STARTS = ("SELECT", "WITH", "FROM", "VALUES", "TABLE", "L_PAREN")
 
 @dataclass(frozen=True)
 class TargetSpec:
-    """The target Delta table."""
+    """The target Delta table.
+
+    :param credentials_from: where the credentials in ``storage_options`` came from when they did not
+        come from the spec's author (the provider's ``"aws_conn_id='lake_s3'"``): storage errors name it.
+    """
 
     uri: str
     storage_options: Mapping[str, str] = field(default_factory=dict)
+    credentials_from: str | None = None
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, field: str = "target") -> TargetSpec:
-        """``{"uri", "storage_options"?}``."""
+        """``{"uri", "storage_options"?, "credentials_from"?}``."""
         return _build(cls, data, field, required=("uri",))
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form."""
-        return _plain(self)
+        data = _plain(self)
+        if self.credentials_from is None:
+            del data["credentials_from"]
+        return data
 
     def validate(self, *, field: str = "target") -> None:
         """Check types and values."""
         _check_str(self.uri, f"{field}.uri", "a non-empty path or URI")
         _check_str_map(self.storage_options, f"{field}.storage_options")
+        if self.credentials_from is not None:
+            _check_str(self.credentials_from, f"{field}.credentials_from", "where the credentials came from")
 
 
 @dataclass(frozen=True)
@@ -90,6 +100,7 @@ class SourceSpec:
         (``AWS_ENDPOINT_URL``, keys, region, ``AWS_ALLOW_HTTP``; on Azure ``azure_storage_account_name``
         with ``azure_storage_account_key`` or ``azure_storage_sas_token``). A Delta source also takes them
         from ``options``, where they were given before this field existed.
+    :param credentials_from: as the target's: where the credentials in ``storage_options`` came from.
     """
 
     uri: str | None = None
@@ -98,10 +109,12 @@ class SourceSpec:
     query: str | None = None
     version: int | None = None
     storage_options: Mapping[str, str] = field(default_factory=dict, repr=False)
+    credentials_from: str | None = None
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, field: str = "source") -> SourceSpec:
-        """``{"uri", "format"?, "options"?, "version"?, "storage_options"?}`` or ``{"query"}``."""
+        """``{"uri", "format"?, "options"?, "version"?, "storage_options"?, "credentials_from"?}`` or
+        ``{"query"}``."""
         return _build(cls, data, field)
 
     def to_dict(self) -> dict[str, Any]:
@@ -111,7 +124,8 @@ class SourceSpec:
             data["format"] = self.format
         if self.uri is not None or self.options:
             data["options"] = dict(self.options)
-        optional: dict[str, Any] = {"query": self.query, "version": self.version}
+        optional: dict[str, Any] = {"query": self.query, "version": self.version,
+                                    "credentials_from": self.credentials_from}  # fmt: skip
         if self.storage_options:
             optional["storage_options"] = dict(self.storage_options)
         return data | {key: value for key, value in optional.items() if value is not None}
@@ -123,6 +137,8 @@ class SourceSpec:
             raise MergeSpecError(f"{field}: expected exactly one of uri and query, found {found}")
         _check_str_map(self.options, f"{field}.options")
         _check_str_map(self.storage_options, f"{field}.storage_options")
+        if self.credentials_from is not None:
+            _check_str(self.credentials_from, f"{field}.credentials_from", "where the credentials came from")
         if self.query is not None:
             _check_str(self.query, f"{field}.query", "a Spark SQL query")
             for key, value in (("format", self.format), ("version", self.version), ("options", self.options)):

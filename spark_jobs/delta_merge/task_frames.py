@@ -14,6 +14,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import IntegerType, StructField, StructType
 
+from spark_jobs.delta_merge.sql_names import quoted_name
+
 __all__ = ["spread_tasks"]
 
 _SLICE = "__merge_task_slice"
@@ -30,4 +32,5 @@ def spread_tasks(
     partitions = spark.range(0, max(1, len(slices)), 1, max(1, len(slices))).select(
         F.col("id").cast("int").alias(_SLICE)
     )
-    return partitions.join(F.broadcast(tasks), _SLICE).select(*[F.col(f"`{f.name}`") for f in schema.fields])
+    columns = [F.col(quoted_name(f.name)) for f in schema.fields]
+    return partitions.join(F.broadcast(tasks), _SLICE).select(*columns)

@@ -10,8 +10,10 @@ Measured on this machine, a cold spark-submit of a small merge: 16 s wall and 16
 archive, 10.5 s and 11.3 s with it; a cold session's start halves. The suite starts dozens of cold JVMs.
 
 The archive is made once per Java, pyspark and option set (one small merge under spark-submit with
-``-XX:ArchiveClassesAtExit``, ~40 s) by the first test process that asks for it, under a lock; a process
-that finds the lock taken does not wait: its JVMs start without the archive until the archive exists.
+``-XX:ArchiveClassesAtExit``, ~40 s). ``scripts/test`` makes it before pytest starts, while ruff, mypy
+and MkDocs run (:mod:`tests.support.prepare`); otherwise the first test process that asks for it makes it,
+under a lock, and a process that finds the lock taken does not wait: its JVMs start without the archive
+until the archive exists.
 
 A JVM maps an archive only if its class path is the one the archive was made with. Spark puts
 ``SPARK_CONF_DIR`` on the class path, so no test sets it: confs go on the command line, in the builder,
@@ -98,6 +100,9 @@ def class_archive(*, wait: bool = False) -> Path | None:
         except BlockingIOError:
             return None
         if not archive.is_file():  # else made by the process that held the lock before this one
+            # Left by a process killed while dumping (the lock is ours, so no dump is under way).
+            for stale in ARCHIVE_DIR.glob(".*.partial"):
+                stale.unlink(missing_ok=True)
             error = make_class_archive(archive)
             if error is not None:
                 _FAILED.append(error)

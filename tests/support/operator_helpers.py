@@ -28,7 +28,7 @@ UPSERT_SQL = (
 JOB_METRICS = {
     **UPSERT_METRICS, "materializeSourceReason": "NON_DETERMINISTIC_SOURCE_NON_DELTA", "readVersion": 0,
     "tableVersion": 1, "skipped": False, "dryRun": False,
-    "stageTimesMs": {"MERGE operation - committing": 12},
+    "stageTimesMs": [{"stage": "MERGE operation - committing", "ms": 12}],
 }  # fmt: skip
 
 

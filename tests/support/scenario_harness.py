@@ -6,7 +6,8 @@ import base64
 import datetime as dt
 import decimal
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +86,22 @@ def merge_spec(scenario: Mapping[str, Any], target: Path, source_view: str) -> d
         "merge_sql": scenario["merge_sql"],
         "options": options,
     }
+
+
+@contextmanager
+def scenario_confs(spark: SparkSession, scenario: Mapping[str, Any], extra: Mapping[str, str] | None = None
+                   ) -> Iterator[None]:  # fmt: skip
+    """The scenario's confs that have no spec option (the job reads them from the session, as Delta does:
+    skipRecordingEmptyCommits, ...), and ``extra``, set on ``spark`` for the block, then unset."""
+    confs = {k: str(v) for k, v in scenario.get("conf", {}).items() if k not in CONF_TO_OPTION}
+    confs.update(extra or {})
+    for name, value in confs.items():
+        spark.conf.set(name, value)
+    try:
+        yield
+    finally:
+        for name in confs:
+            spark.conf.unset(name)
 
 
 def normalize(value: Any) -> Any:

@@ -83,6 +83,7 @@ def enable_features(
     configuration: Mapping[str, str] | None = None,
     flat_clustering_columns: bool = False,
     change_data_feed: bool = False,
+    materialize_partition_columns: bool = False,
 ) -> int:
     """Commit the next version turning the chosen features on; returns that version.
 
@@ -91,6 +92,7 @@ def enable_features(
     :param in_commit_timestamp: the enabling commit's in-commit timestamp (default: now).
     :param configuration: more table properties to set.
     :param change_data_feed: also turn on the change data feed (feature and property).
+    :param materialize_partition_columns: add the ``materializePartitionColumns`` writer feature.
     :param flat_clustering_columns: write ``clusteringColumns`` as names, as PROTOCOL.md's example does,
         not as lists of name parts, as Delta writes them.
     """
@@ -105,6 +107,8 @@ def enable_features(
     if change_data_feed:
         features.add("changeDataFeed")
         config["delta.enableChangeDataFeed"] = "true"
+    if materialize_partition_columns:
+        features.add("materializePartitionColumns")
     if in_commit_timestamps:
         features.add("inCommitTimestamp")
         config.update({

@@ -36,6 +36,7 @@ from spark_jobs.delta_merge.protocol.identity_columns import (
     inserts_generating,
 )
 from spark_jobs.delta_merge.spec import MergeClause, MergeOptions, ParsedMerge
+from spark_jobs.delta_merge.sql_names import quoted_path
 from spark_jobs.delta_merge.statement.expressions import column_refs, qualify_to_side, split_conjuncts
 
 __all__ = ["resolve_merge"]
@@ -55,7 +56,7 @@ _UNRESOLVED_CLASS = "DELTA_MERGE_UNRESOLVED_EXPRESSION"
 
 
 def _quote(parts: Sequence[str]) -> str:
-    return ".".join(f"`{p}`" for p in parts)
+    return quoted_path(parts)
 
 
 def _as_condition(sql: str, sql_type: DataType) -> str:

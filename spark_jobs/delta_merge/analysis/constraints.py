@@ -20,6 +20,7 @@ from pyspark.sql.types import StructType
 from spark_jobs.delta_merge.analysis.store_assignment import find_field
 from spark_jobs.delta_merge.errors import MergeAnalysisError, MergeSpecError
 from spark_jobs.delta_merge.protocol.table_features import TableConstraints
+from spark_jobs.delta_merge.sql_names import quoted_path
 from spark_jobs.delta_merge.statement.expression_guard import check_expression
 from spark_jobs.delta_merge.statement.expressions import column_refs
 
@@ -73,13 +74,13 @@ def apply_constraints(
         _guard(f"Generated Column {name}", text)
     columns: list[Column] = []
     for field in schema.fields:
-        column = F.col(_quote((field.name,)))
+        column = F.col(quoted_path((field.name,)))
         expression = _generation(constraints, field.name)
         condition = generate.get(field.name)
         if expression is not None and condition is not None:
             column = F.when(condition, F.expr(expression).cast(field.dataType)).otherwise(column)
         columns.append(column.alias(field.name))
-    extra = [F.col(_quote((c,))) for c in df.columns if find_field(schema, c) is None]
+    extra = [F.col(quoted_path((c,))) for c in df.columns if find_field(schema, c) is None]
     filled = _resolve(df, [*columns, *extra], constraints)
     chain: Column | None = None
     for rule in _rules(constraints, schema, generate):
@@ -88,7 +89,7 @@ def apply_constraints(
         else:
             chain = chain.when(rule.violated, rule.message)
     violation = F.lit(None).cast("string") if chain is None else F.when(written, chain)
-    kept = [F.col(_quote((c,))) for c in filled.columns]
+    kept = [F.col(quoted_path((c,))) for c in filled.columns]
     return _resolve(filled, [*kept, violation.alias(VIOLATION_COLUMN)], constraints)
 
 
@@ -109,8 +110,8 @@ def _rules(
         expression = _generation(constraints, field.name)
         if expression is None:
             continue
-        column = F.col(_quote((field.name,)))
-        equal = F.expr(f"{_quote((field.name,))} <=> ({expression})")
+        column = F.col(quoted_path((field.name,)))
+        equal = F.expr(f"{quoted_path((field.name,))} <=> ({expression})")
         assigned = ~generate[field.name] if field.name in generate else F.lit(True)
         yield _Rule(
             violated=assigned & ~equal,
@@ -128,9 +129,9 @@ def _check_rule(name: str, expression: str) -> _Rule:
 
 def _not_null_rule(path: tuple[str, ...]) -> _Rule:
     # A NOT NULL field inside a NULL struct is fine: only rows whose parents are all present are checked.
-    violated = F.col(_quote(path)).isNull()
+    violated = F.col(quoted_path(path)).isNull()
     for depth in range(1, len(path)):
-        violated = F.col(_quote(path[:depth])).isNotNull() & violated
+        violated = F.col(quoted_path(path[:depth])).isNotNull() & violated
     message = F.lit(f"[{_NOT_NULL_VIOLATED}] NOT NULL constraint violated for column: {'.'.join(path)}.")
     return _Rule(violated=violated, message=message)
 
@@ -146,7 +147,7 @@ def _referenced(expression: str, *, exclude: str | None = None) -> list[tuple[tu
     seen: dict[tuple[str, ...], Column] = {}
     for ref in column_refs(expression):
         if ref.parts not in seen and (exclude is None or ref.parts != (exclude,)):
-            seen[ref.parts] = F.col(_quote(ref.parts))
+            seen[ref.parts] = F.col(quoted_path(ref.parts))
     return list(seen.items())
 
 
@@ -195,5 +196,3 @@ def _resolve(df: DataFrame, columns: list[Column], constraints: TableConstraints
     ) from cause
 
 
-def _quote(parts: tuple[str, ...]) -> str:
-    return ".".join("`" + p.replace("`", "``") + "`" for p in parts)

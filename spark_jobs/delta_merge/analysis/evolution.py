@@ -4,10 +4,29 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pyspark.sql.types import ArrayType, DataType, MapType, NullType, StructField, StructType
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    ByteType,
+    DataType,
+    DateType,
+    DecimalType,
+    DoubleType,
+    FloatType,
+    IntegerType,
+    LongType,
+    MapType,
+    NullType,
+    ShortType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
 
 from spark_jobs.delta_merge.analysis.store_assignment import find_field
 from spark_jobs.delta_merge.errors import MergeAnalysisError
+from spark_jobs.delta_merge.sql_names import quoted_path
 from spark_jobs.delta_merge.statement.parsed_merge import ParsedMerge
 
 __all__ = ["evolve_schema"]
@@ -16,7 +35,10 @@ Path = tuple[str, ...]
 
 
 def _merge_types(target: DataType, source: DataType) -> DataType:
-    """The target type widened by the source's extra struct fields; existing types are kept."""
+    """The target type widened by the source's extra struct fields; existing types are kept.
+
+    :raises _IncompatibleTypes: the source type has no implicit cast to the target's.
+    """
     if isinstance(target, StructType) and isinstance(source, StructType):
         return _merge_structs(target, source)
     if isinstance(target, ArrayType) and isinstance(source, ArrayType):
@@ -27,18 +49,64 @@ def _merge_types(target: DataType, source: DataType) -> DataType:
             _merge_types(target.valueType, source.valueType),
             target.valueContainsNull,
         )
+    if not _implicitly_castable(source, target):
+        raise _IncompatibleTypes(target, source)
     return target
+
+
+class _IncompatibleTypes(Exception):
+    def __init__(self, target: DataType, source: DataType) -> None:
+        names = f"{_scala_name(target)} and {_scala_name(source)}"
+        super().__init__(f"Failed to merge incompatible data types {names}")
+
+
+_NUMERIC = (ByteType, ShortType, IntegerType, LongType, FloatType, DoubleType, DecimalType)
+
+
+def _implicitly_castable(source: DataType, target: DataType) -> bool:
+    """Whether Spark's ``TypeCoercion.implicitCast`` turns a value of ``source`` into ``target``: the test
+    Delta's mergeSchemas makes (``allowImplicitConversions``, as MERGE calls it) before it keeps the
+    target's type. Structs, arrays and maps are merged field by field before this is asked."""
+    if source == target or isinstance(source, NullType):
+        return True
+    if isinstance(source, _NUMERIC) and isinstance(target, _NUMERIC):
+        return True
+    if isinstance(source, StringType):
+        return isinstance(target, (*_NUMERIC, DateType, TimestampType, BinaryType, StringType))
+    if isinstance(source, DateType) and isinstance(target, TimestampType):
+        return True
+    atomic = not isinstance(source, (StructType, ArrayType, MapType))
+    return atomic and isinstance(target, StringType)
+
+
+def _scala_name(data_type: DataType) -> str:
+    """The type as Delta's message prints it (Scala's toString): ``BooleanType``, ``DecimalType(10,2)``."""
+    if isinstance(data_type, DecimalType):
+        return f"DecimalType({data_type.precision},{data_type.scale})"
+    if isinstance(data_type, (StructType, ArrayType, MapType)):
+        return data_type.simpleString()
+    return type(data_type).__name__
 
 
 def _merge_structs(target: StructType, source: StructType) -> StructType:
     # As Delta's SchemaMergingUtils.mergeSchemas: target fields first, in order, with their types (a
-    # VOID source field takes the target's type); then the source's new fields, VOID ones included
-    # (evolve_schema refuses those, as Delta does).
-    fields = [
-        StructField(f.name, _merge_types(f.dataType, s.dataType) if (s := find_field(source, f.name)) else
-                    f.dataType, f.nullable, f.metadata)
-        for f in target.fields
-    ]
+    # VOID source field takes the target's type; a source type with no implicit cast to the target's is
+    # refused); then the source's new fields, VOID ones included (evolve_schema refuses those, as Delta
+    # does).
+    fields = []
+    for f in target.fields:
+        s = find_field(source, f.name)
+        if s is None:
+            fields.append(f)
+            continue
+        try:
+            merged = _merge_types(f.dataType, s.dataType)
+        except _IncompatibleTypes as incompatible:
+            raise MergeAnalysisError(
+                f"Failed to merge fields '{f.name}' and '{s.name}'. {incompatible}",
+                error_class="DELTA_FAILED_TO_MERGE_FIELDS",
+            ) from None
+        fields.append(StructField(f.name, merged, f.nullable, f.metadata))
     fields += [
         StructField(s.name, s.dataType, True) for s in source.fields if find_field(target, s.name) is None
     ]
@@ -104,7 +172,7 @@ def evolve_schema(
     evolved = _merge_structs(target, _assigned_source_fields(source, assigned, star=star))
     void = _void_column(evolved)
     if void is not None:
-        name = ".".join(f"`{part.replace('`', '``')}`" for part in void)
+        name = quoted_path(void)
         raise MergeAnalysisError(
             f"Cannot add column {name} with type VOID. Please explicitly specify a non-void type.",
             error_class="DELTA_MERGE_ADD_VOID_COLUMN",

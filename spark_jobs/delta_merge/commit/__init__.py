@@ -53,6 +53,16 @@ def commit_merge(
         plan.final_schema, plan.tracked_identity, outcome.adds, table_uri=snapshot.table_uri,
         column_mapping_mode=snapshot.column_mapping_mode, storage_options=snapshot.storage_options,
     )
+    configuration_updates = max_column_id_update(snapshot.configuration, final_schema,
+                                                 mode=snapshot.column_mapping_mode)  # fmt: skip
+    changes_table = bool(outcome.removes or outcome.adds or outcome.change_files or outcome.readds
+                         or final_schema != plan.target_schema or configuration_updates)  # fmt: skip
+    if not changes_table and _app_transaction(spec) is None and _skips_empty_commits(spark):
+        # Delta's skipRecordingEmptyCommits (on by default): a merge that changed nothing records no
+        # version. One with an app transaction still commits, so that a rerun finds it applied.
+        log.info("MERGE changed nothing: no version recorded (Delta's skipRecordingEmptyCommits); the table "
+                 "stays at version %d", snapshot.version)  # fmt: skip
+        return metrics.with_values(tableVersion=snapshot.version)
     commit_plan = plan_commit(
         snapshot,
         removes=outcome.removes,
@@ -60,8 +70,7 @@ def commit_merge(
         change_files=outcome.change_files,
         readds=outcome.readds,
         new_schema=final_schema if final_schema != plan.target_schema else None,
-        configuration_updates=max_column_id_update(snapshot.configuration, final_schema,
-                                                   mode=snapshot.column_mapping_mode),
+        configuration_updates=configuration_updates,
         operation_parameters=_operation_parameters(plan),
         operation_metrics=metrics.operation_metrics(),
         app_transaction=_app_transaction(spec),
@@ -95,6 +104,14 @@ def commit_merge(
         return MergeMetrics.from_commit(landed.version, landed.commit_info).with_values(skipped=True)
     log.info("MERGE committed version %d", landed.version)
     return metrics.with_values(tableVersion=landed.version)
+
+
+# Delta's SQL conf (default true) for leaving out commits without file actions.
+SKIP_EMPTY_COMMITS_CONF = "spark.databricks.delta.skipRecordingEmptyCommits"
+
+
+def _skips_empty_commits(spark: SparkSession) -> bool:
+    return str(spark.conf.get(SKIP_EMPTY_COMMITS_CONF, "true")).strip().lower() != "false"
 
 
 def _app_transaction(spec: MergeSpec) -> tuple[str, int] | None:

@@ -32,10 +32,10 @@ from spark_jobs.delta_merge.protocol.row_tracking import assign_row_ids, high_wa
 from spark_jobs.delta_merge.storage.log_store import (
     commit_path,
     log_store,
-    redacted,
-    storage_failure,
     write_commit,
 )
+from spark_jobs.delta_merge.storage.storage_errors import storage_failure
+from spark_jobs.delta_merge.storage.storage_secrets import redacted
 
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType

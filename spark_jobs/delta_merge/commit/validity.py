@@ -25,8 +25,9 @@ from spark_jobs.delta_merge.protocol.delta_schema import arrow_schema
 from spark_jobs.delta_merge.protocol.files import LiveFile, WrittenFile
 from spark_jobs.delta_merge.protocol.row_tracking import row_tracking
 from spark_jobs.delta_merge.protocol.snapshot import TargetSnapshot
+from spark_jobs.delta_merge.protocol.table_features import materializes_partition_columns
 from spark_jobs.delta_merge.storage.arrow_store import arrow_filesystem
-from spark_jobs.delta_merge.storage.log_store import storage_errors
+from spark_jobs.delta_merge.storage.storage_errors import storage_errors
 
 __all__ = ["check_commit_files"]
 
@@ -51,8 +52,11 @@ def check_commit_files(
     if placed:
         mode = snapshot.column_mapping_mode
         keys = set(partition_keys(schema, snapshot.partition_columns, mode).values())
-        expected = pa.schema([f for f in physical_arrow_schema(schema, arrow_schema(schema), mode)
-                              if f.name not in keys])
+        physical = physical_arrow_schema(schema, arrow_schema(schema), mode)
+        expected = pa.schema([f for f in physical if f.name not in keys])
+        if materializes_partition_columns(snapshot):
+            # After the other columns, where PROTOCOL.md's materializePartitionColumns puts them.
+            expected = pa.schema([*expected, *(f for f in physical if f.name in keys)])
         # Row tracking's materialized columns are in the files but not in the schema.
         tracking = row_tracking(snapshot)
         hidden = frozenset(tracking.materialized_columns if tracking is not None else ())

@@ -42,6 +42,7 @@ from spark_jobs.delta_merge.protocol.table_features import (
     TableConstraints,
     change_data_feed_enabled,
     check_writable,
+    materializes_partition_columns,
 )
 from spark_jobs.delta_merge.scan.table_scan import (
     FILE_KEY_COLUMN,
@@ -49,6 +50,7 @@ from spark_jobs.delta_merge.scan.table_scan import (
     scan_files,
     scan_for_join,
 )
+from spark_jobs.delta_merge.sql_names import quoted_path
 from spark_jobs.delta_merge.stage_timing import stage
 from spark_jobs.delta_merge.write.merge_output import write_empty_change_file
 
@@ -112,8 +114,8 @@ def _marked_rows_and_inserts(
         inserted = insert_only_output(unmatched, None, plan=plan.only_inserts(), constraints=constraints)
     else:
         # Every target row some source row matches is in `joined`: the touched files are all with a match.
-        quoted = [f.name.replace("`", "``") for f in snapshot.schema.fields]
-        matched_targets = joined.select(*[F.col(f"`{plan.target_alias}`.`{c}`") for c in quoted])
+        matched_targets = joined.select(*[F.col(quoted_path((plan.target_alias, f.name)))
+                                          for f in snapshot.schema.fields])  # fmt: skip
         inserted = insert_only_output(uncounted_source, matched_targets, plan=plan.only_inserts(),
                                       constraints=constraints)  # fmt: skip
     output = output.unionByName(inserted, allowMissingColumns=True)
@@ -268,6 +270,7 @@ def _classic_merge_of_touched(
             partition_columns=snapshot.partition_columns, partition_values=removes[0].partition_values,
             column_mapping_mode=snapshot.column_mapping_mode,
             storage_options=snapshot.storage_options,
+            materialize_partition_columns=materializes_partition_columns(snapshot),
         ),)
     if touched.extra_matches and not deduplicate:
         # Only a single unconditional DELETE allows multiple matches: the rewrite joined each deleted target

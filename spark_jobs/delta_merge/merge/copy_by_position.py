@@ -34,7 +34,8 @@ from spark_jobs.delta_merge.merge.rewrite import Action
 from spark_jobs.delta_merge.protocol.column_mapping import physical_read_schema
 from spark_jobs.delta_merge.protocol.deletion_vectors import deleted_rows
 from spark_jobs.delta_merge.protocol.files import LiveFile, WrittenFile
-from spark_jobs.delta_merge.protocol.table_features import TableConstraints
+from spark_jobs.delta_merge.protocol.partition_values import parse_partition_value
+from spark_jobs.delta_merge.protocol.table_features import TableConstraints, materializes_partition_columns
 from spark_jobs.delta_merge.scan.arrow_scan import FileScan, file_scan, read_file
 from spark_jobs.delta_merge.session_facts import default_parallelism
 from spark_jobs.delta_merge.spark_confs import size_conf
@@ -92,8 +93,10 @@ class CopiedRows:
 class _CopyPlan:
     scan: FileScan
     write: WriteTaskPlan
-    # Row tracking's materialized row id and commit version end the rows written.
+    # Row tracking's materialized row id and commit version end the rows read.
     tracked: bool
+    # materializePartitionColumns: the file's partition values follow, as columns.
+    materialized_partitions: bool = False
 
 
 def copy_unchanged_rows(
@@ -110,17 +113,19 @@ def copy_unchanged_rows(
     """
     partition_columns = list(snapshot.partition_columns)
     write_schema = StructType(schema.fields + [StructField(c, LongType()) for c in hidden_columns])
+    materialized = materializes_partition_columns(snapshot) and bool(partition_columns)
     write = data_file_plan(
         table_root=snapshot.table_uri, schema=write_schema, partition_columns=partition_columns,
         hidden_columns=hidden_columns, target_file_size=target_file_size, num_indexed_cols=num_indexed_cols,
         column_mapping_mode=snapshot.column_mapping_mode, storage_options=snapshot.storage_options,
+        materialize_partition_columns=materialized,
     )
     data_fields = [f for f in schema.fields if f.name not in partition_columns]
     read_schema = physical_read_schema(StructType(data_fields), snapshot.column_mapping_mode)
     read_schema = StructType(read_schema.fields + [StructField(c, LongType()) for c in hidden_columns])
     plan = _CopyPlan(
         scan=file_scan(snapshot.table_uri, read_schema, storage_options=snapshot.storage_options),
-        write=write, tracked=bool(hidden_columns),
+        write=write, tracked=bool(hidden_columns), materialized_partitions=materialized,
     )
     store = snapshot.log_store if any(
         f.deletion_vector is not None for f in files) else None  # fmt: skip
@@ -211,10 +216,17 @@ def _written_rows(plan: _CopyPlan, rows: pa.RecordBatch, task: Mapping[str, obje
     """The read rows as the data files hold them; with row tracking, each row's stable id and commit
     version (the materialized value, else its file's default) materialized."""
     schema = plan.write.data_schema
-    columns = list(rows.columns[: len(schema)])
+    keys = plan.write.partition_columns if plan.materialized_partitions else ()
+    width = len(schema) - len(keys)
+    columns = list(rows.columns[:width])
     if plan.tracked:
-        index = rows.column(len(schema))  # read_file's row index follows the requested columns
+        index = rows.column(width)  # read_file's row index follows the requested columns
         base, version = task["base_row_id"], task["default_row_commit_version"]
         columns[-2] = pc.coalesce(columns[-2], pc.add(index, pa.scalar(base, pa.int64())))
         columns[-1] = pc.coalesce(columns[-1], pa.scalar(version, pa.int64()))
+    if keys:
+        values = json.loads(str(task["partition_values"]))
+        for key, spark_type in zip(keys, plan.write.partition_types, strict=True):
+            value = pa.scalar(parse_partition_value(values.get(key), spark_type), schema.field(key).type)
+            columns.append(pa.repeat(value, rows.num_rows))
     return conform_batch(pa.RecordBatch.from_arrays(columns, names=schema.names), schema)

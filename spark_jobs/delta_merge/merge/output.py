@@ -23,6 +23,7 @@ from spark_jobs.delta_merge.merge.rewrite import (
 )
 from spark_jobs.delta_merge.protocol.files import WrittenFile
 from spark_jobs.delta_merge.protocol.snapshot import TargetSnapshot
+from spark_jobs.delta_merge.protocol.table_features import materializes_partition_columns
 from spark_jobs.delta_merge.scan.table_scan import (
     FILE_KEY_COLUMN,
     ROW_INDEX_COLUMN,
@@ -85,6 +86,7 @@ def write_output(
             storage_options=snapshot.storage_options,
             mark_codes=[int(a) for a in MARKED_ACTIONS] if marking else (),
             mark_columns=(FILE_KEY_COLUMN, ROW_INDEX_COLUMN) if marking else None,
+            materialize_partition_columns=materializes_partition_columns(snapshot),
             **changes,
         ))
     return dict(outcome.rows_by_code), tuple(outcome.files), outcome.change_files, outcome.marks

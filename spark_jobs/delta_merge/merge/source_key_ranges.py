@@ -44,6 +44,7 @@ from spark_jobs.delta_merge.protocol.column_mapping import physical_name
 from spark_jobs.delta_merge.protocol.files import LiveFile
 from spark_jobs.delta_merge.protocol.snapshot import TargetSnapshot
 from spark_jobs.delta_merge.spark_confs import size_conf
+from spark_jobs.delta_merge.sql_names import quoted_name
 from spark_jobs.delta_merge.statement.expressions import column_refs, parse_expression, split_conjuncts
 
 __all__ = ["KEY_RANGES_CONF", "join_keys", "joinable_files"]
@@ -91,7 +92,7 @@ def joinable_files(
     endpoints = [sorted({v for interval in key for v in interval if v is not None}) for key in intervals]
     # Dot-free names: pyspark's mapInArrow looks its input columns up by bare name, reading `a.b` as a field.
     key_columns = source.select(*[
-        F.col(_quoted(column)).alias(f"key{index}") for index, (_, _, column) in enumerate(keys)
+        F.col(quoted_name(column)).alias(f"key{index}") for index, (_, _, column) in enumerate(keys)
     ])  # fmt: skip
     rows = key_columns.mapInArrow(functools.partial(mark_pieces, endpoints), MARKS_SCHEMA).collect()
     marks = merge_marks([(row["key"], row["pieces"]) for row in rows], endpoints)
@@ -186,5 +187,3 @@ def _field(schema: StructType, name: str) -> StructField:
     return next(f for f in schema.fields if f.name == name)
 
 
-def _quoted(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"

@@ -22,6 +22,8 @@ from pyspark.sql import Column
 from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, DataType, MapType, StructField, StructType
 
+from spark_jobs.delta_merge.sql_names import quoted_name
+
 __all__ = [
     "ARROW_FIELD_ID_KEY",
     "MAX_COLUMN_ID_PROPERTY",
@@ -121,7 +123,7 @@ def logical_column(field: StructField, mode: str) -> Column:
     Nested fields are renamed by a cast, which maps struct fields by position; the target type is all
     nullable, as Spark reads every file column.
     """
-    column = F.col(_quoted(physical_name(field, mode)))
+    column = F.col(quoted_name(physical_name(field, mode)))
     if mode != "none" and _has_struct(field.dataType):
         column = column.cast(_nullable(field.dataType))
     return column.alias(field.name)
@@ -263,5 +265,3 @@ def _max_id(data_type: DataType) -> int:
     return 0
 
 
-def _quoted(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"

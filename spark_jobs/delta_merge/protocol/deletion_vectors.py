@@ -19,7 +19,7 @@ import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import obstore
 from obstore.exceptions import BaseError as StoreError
@@ -28,7 +28,8 @@ from obstore.store import ObjectStore
 from pyroaring import BitMap64
 
 from spark_jobs.delta_merge.errors import MergeExecutionError
-from spark_jobs.delta_merge.storage.log_store import log_store, storage_errors, storage_failure
+from spark_jobs.delta_merge.storage.log_store import log_store
+from spark_jobs.delta_merge.storage.storage_errors import storage_errors, storage_failure
 
 __all__ = [
     "INLINE_LIMIT",
@@ -179,12 +180,14 @@ def _stored(
         path = _relative_path(vector.path_or_inline_dv)
         where = f"{table_uri}/{path}"
     else:
+        # An absolute URI, percent-encoded as Delta writes it (Hadoop's Path.toUri): the store is opened
+        # at its folder (log_store decodes that) and the file's name is decoded here.
         where = vector.path_or_inline_dv
         parts = urlsplit(where)
         parent, _, name = parts.path.rpartition("/")
-        root = f"{parts.scheme}://{parts.netloc}{parent}" if parts.scheme else parent
+        root = f"{parts.scheme}://{parts.netloc}{parent}" if parts.scheme else unquote(parent)
         store = log_store(root, storage_options)
-        path = name
+        path = unquote(name)
     # No offset: the file's first vector, right after the version byte (this writer always gives one).
     offset = 1 if vector.offset is None else vector.offset
     try:

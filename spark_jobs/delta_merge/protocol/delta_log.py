@@ -35,10 +35,9 @@ from spark_jobs.delta_merge.storage.log_store import (
     commit_path,
     log_store,
     read_commit,
-    storage_errors,
-    storage_failure,
 )
 from spark_jobs.delta_merge.storage.log_store import latest_version as _probe_latest
+from spark_jobs.delta_merge.storage.storage_errors import storage_errors, storage_failure
 
 __all__ = [
     "AddFields",

@@ -25,7 +25,7 @@ from spark_jobs.delta_merge.protocol.column_mapping import physical_name
 from spark_jobs.delta_merge.protocol.files import WrittenFile
 from spark_jobs.delta_merge.statement.parsed_merge import MergeClause, ParsedMerge
 from spark_jobs.delta_merge.storage.arrow_store import arrow_filesystem
-from spark_jobs.delta_merge.storage.log_store import storage_errors
+from spark_jobs.delta_merge.storage.storage_errors import storage_errors
 
 __all__ = [
     "IDENTITY_SLOT_COLUMN",

@@ -24,7 +24,8 @@ from spark_jobs.delta_merge.protocol.delta_log import LogState, replay_log
 from spark_jobs.delta_merge.protocol.delta_schema import spark_schema_from_delta
 from spark_jobs.delta_merge.protocol.files import FileStats, LiveFile
 from spark_jobs.delta_merge.storage.azure_options import check_azure_options
-from spark_jobs.delta_merge.storage.log_store import log_store, storage_errors, storage_failure
+from spark_jobs.delta_merge.storage.log_store import log_store
+from spark_jobs.delta_merge.storage.storage_errors import storage_errors, storage_failure
 
 __all__ = ["TableProtocol", "TargetSnapshot", "load_snapshot", "relative_path_from_uri"]
 

@@ -40,6 +40,8 @@ __all__ = [
 # columnMapping: files are read by physical name or field id and written with both (column_mapping.py).
 # allowColumnDefaults: INSERT column lists leaving a column out, and `c = DEFAULT` assignments, take the
 # column's CURRENT_DEFAULT expression as Spark's analyzer does (column_defaults).
+# materializePartitionColumns: new data and change data files hold the partition columns too, after the
+# others (write/merge_output.py); readers, this job's scans included, take partition values from the log.
 # checkpointProtection only binds log cleanup: commits and checkpoints before
 # delta.requireCheckpointProtectionBeforeVersion may go only all at once. This job deletes no log file, and
 # deltalake's create_checkpoint (commit.actions, every delta.checkpointInterval versions) writes the
@@ -64,6 +66,7 @@ SUPPORTED_FEATURES = frozenset(
         "identityColumns",
         "allowColumnDefaults",
         "checkpointProtection",
+        "materializePartitionColumns",
     }
 )
 _PROTOCOL = "protocol"
@@ -138,6 +141,12 @@ def _delta_refusal(snapshot: TargetSnapshot, features: list[str]) -> tuple[str, 
         "This table is configured to only allow appends. If you would like to permit updates or deletes, use "
         f"'ALTER TABLE delta.`{table}` SET TBLPROPERTIES (delta.appendOnly=false)'."
     )
+
+
+def materializes_partition_columns(snapshot: TargetSnapshot) -> bool:
+    """The ``materializePartitionColumns`` writer feature is on: every new file holds the partition
+    columns (PROTOCOL.md, "Materialize Partition Columns")."""
+    return "materializePartitionColumns" in snapshot.protocol.writer_features
 
 
 def change_data_feed_enabled(snapshot: TargetSnapshot) -> bool:

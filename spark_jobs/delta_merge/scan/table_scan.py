@@ -28,6 +28,7 @@ from spark_jobs.delta_merge.scan.arrow_scan import (
     is_object_store,
     read_parquet_files,
 )
+from spark_jobs.delta_merge.sql_names import quoted_name
 from spark_jobs.delta_merge.storage.arrow_store import arrow_file_path
 
 if TYPE_CHECKING:
@@ -211,7 +212,7 @@ def scan_files(
         df = df.join(F.broadcast(values), on=FILE_KEY_COLUMN, how="inner")
     # Quoted: a name with a dot (`value.a`) is one column, not the field a of a struct value.
     return df.select(*[
-        logical_column(f, mode) if f in data_fields else F.col(f"`{f.name.replace('`', '``')}`")
+        logical_column(f, mode) if f in data_fields else F.col(quoted_name(f.name))
         for f in out_fields
     ])
 
@@ -229,7 +230,7 @@ def _with_stable_row_ids(
     defaults = spark.createDataFrame(
         [(snapshot.file_key(f), f.base_row_id, f.default_row_commit_version) for f in files], defaults_schema
     )
-    row_id, commit_version = (F.col(f"`{c}`") for c in materialized)
+    row_id, commit_version = (F.col(quoted_name(c)) for c in materialized)
     return (
         df.join(F.broadcast(defaults), on=FILE_KEY_COLUMN, how="inner")
         .withColumn(ROW_ID_COLUMN, F.coalesce(row_id, F.col(_BASE_ROW_ID_COLUMN) + F.col(ROW_INDEX_COLUMN)))
@@ -296,7 +297,7 @@ def scan_for_join(
     read = spark.read.schema(data_schema).parquet(*[snapshot.file_uri(f) for f in files])
     columns = [
         *[logical_column(f, mode) for f in schema.fields],
-        *[F.col(f"`{c}`") for c in tracked],
+        *[F.col(quoted_name(c)) for c in tracked],
         F.col("_metadata.row_index").alias(ROW_INDEX_COLUMN),
     ]
     with_vectors = [f for f in files if f.deletion_vector is not None]

@@ -20,6 +20,7 @@ from spark_jobs.delta_merge.scan.arrow_scan import is_object_store
 from spark_jobs.delta_merge.session_facts import broadcast_limit_bytes, estimated_row_bytes
 from spark_jobs.delta_merge.source.object_store import read_object_store_parquet
 from spark_jobs.delta_merge.spec import MergeOptions, SourceSpec
+from spark_jobs.delta_merge.sql_names import quoted_name
 from spark_jobs.delta_merge.statement.merge_sql import SOURCE_VIEW
 from spark_jobs.delta_merge.storage.hadoop_connectors import connector_advice, missing_connector_scheme
 
@@ -247,7 +248,7 @@ def materialize_source(
     """
     # With no referenced column (e.g. ON 1 = 1 and literal inserts) this keeps only the row count.
     # Quoted: a name with a dot (`value.a`) is one column, not the field a of a struct value.
-    pruned = source.df.select(*[source.df[f"`{c.replace('`', '``')}`"] for c in columns])
+    pruned = source.df.select(*[source.df[quoted_name(c)] for c in columns])
     materialize, reason = materialize_reason(source, mode=options.materialize_source, insert_only=insert_only)
     if not materialize:
         return PreparedSource(pruned, materialized=False, reason=reason, materialize_time_ms=0)
@@ -302,7 +303,7 @@ def _row_bytes_column(schema: StructType, df: DataFrame) -> Any:
     fixed = estimated_row_bytes(StructType([f for f in schema.fields if f.name not in variable]))
     size = F.lit(fixed)
     for name in variable:
-        size = size + F.coalesce(F.octet_length(df[f"`{name.replace('`', '``')}`"]), F.lit(0))
+        size = size + F.coalesce(F.octet_length(df[quoted_name(name)]), F.lit(0))
     return size
 
 

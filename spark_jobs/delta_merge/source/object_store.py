@@ -22,7 +22,7 @@ from spark_jobs.delta_merge.errors import MergeAnalysisError
 from spark_jobs.delta_merge.scan.arrow_scan import FILE_PATH, ROW_INDEX, ArrowScanFile, read_parquet_files
 from spark_jobs.delta_merge.spec import SourceSpec
 from spark_jobs.delta_merge.storage.arrow_store import arrow_filesystem
-from spark_jobs.delta_merge.storage.log_store import storage_failure
+from spark_jobs.delta_merge.storage.storage_errors import storage_failure
 
 __all__ = ["read_object_store_parquet"]
 

@@ -17,6 +17,7 @@ from sqlglot import Token, TokenType, exp
 from sqlglot.errors import SqlglotError
 
 from spark_jobs.delta_merge.errors import MergeSpecError
+from spark_jobs.delta_merge.sql_names import quoted_name
 from spark_jobs.delta_merge.statement.expression_guard import tokenize_checked
 from spark_jobs.delta_merge.statement.merge_rules import ErrorFields, strip_target_alias
 from spark_jobs.delta_merge.statement.parsed_merge import (
@@ -170,7 +171,7 @@ class _StatementParser:
                     "condition and the clauses refer to"
                 )
             prefix = f"{with_text} " if with_text else ""
-            query = f"{prefix}SELECT * FROM ({inner}) AS {_quote(alias)}" if with_text else inner
+            query = f"{prefix}SELECT * FROM ({inner}) AS {quoted_name(alias)}" if with_text else inner
             return query, alias
         name = self._name("the source after USING: a name, or a query in parentheses")
         alias = self._alias("the source") or name[-1]
@@ -183,7 +184,7 @@ class _StatementParser:
                 f"`{SOURCE_VIEW}` inside the CTE.",
                 error_class=_SYNTAX,
             )
-        return f"{with_text} SELECT * FROM {_quote(name[0])}", alias
+        return f"{with_text} SELECT * FROM {quoted_name(name[0])}", alias
 
     def _clause(self, index: int) -> MergeClause:
         self.i += 1  # WHEN
@@ -476,5 +477,3 @@ def _is_one_expression(text: str) -> bool:
     return True
 
 
-def _quote(name: str) -> str:
-    return f"`{name.replace('`', '``')}`"

@@ -9,30 +9,23 @@ from __future__ import annotations
 
 import json
 import os
-import re
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from typing import Any
-from urllib.parse import quote, unquote, urlsplit
+from urllib.parse import unquote, urlsplit
 
 import obstore
-from obstore.exceptions import AlreadyExistsError, NotFoundError, PermissionDeniedError, UnauthenticatedError
+from obstore.exceptions import AlreadyExistsError, NotFoundError
 from obstore.exceptions import BaseError as StoreError
 from obstore.store import LocalStore, ObjectStore, from_url
 
-from spark_jobs.delta_merge.errors import TableStorageError
-from spark_jobs.delta_merge.storage.azure_options import AZURE_SCHEMES, check_azure_options
-from spark_jobs.delta_merge.storage.storage_secrets import is_secret_option
+from spark_jobs.delta_merge.storage.azure_options import check_azure_options
+from spark_jobs.delta_merge.storage.storage_errors import storage_failure
 
 __all__ = [
     "commit_path",
-    "is_secret_option",
     "latest_version",
     "log_store",
     "read_commit",
-    "redacted",
-    "storage_errors",
-    "storage_failure",
     "write_commit",
 ]
 
@@ -52,13 +45,6 @@ _DELTALAKE_ONLY = frozenset({
     "dynamo_lock_refresh_period_millis", "dynamo_lock_additional_time_to_wait_millis",
     "dynamo_lock_lease_duration", "aws_endpoint_url_dynamodb", "max_retries", "retry_timeout",
 })  # fmt: skip
-# Words of option keys whose values must never reach a message or a log record. Azure's account key also
-# goes by access_key and master_key (object_store's aliases); AWS's access_key_id is not a secret.
-# A SAS token's signature wherever a request URL shows it: object_store redacts its URLs, but pyarrow's
-# Azure errors may quote them, with the token re-encoded, so the option's value may not appear verbatim.
-_SAS_SIGNATURE = re.compile(r"(?i)\b(sig=)[^&\s\"'<>]+")
-
-
 def commit_path(version: int) -> str:
     """The commit file of ``version``, relative to the table root."""
     return f"_delta_log/{version:020d}.json"
@@ -98,66 +84,6 @@ def _split_options(options: Mapping[str, str]) -> tuple[dict[str, str], dict[str
         elif name not in _DELTALAKE_ONLY:
             config[name] = value
     return config, client
-
-
-def redacted(text: str, storage_options: Mapping[str, str] | None) -> str:
-    """``text`` with the values of secret storage options (keys, tokens, passwords) masked, also
-    percent-encoded, and any SAS signature (``sig=...``) masked whatever options are given."""
-    for key, value in (storage_options or {}).items():
-        if value and len(value) >= 4 and is_secret_option(key):
-            for form in {value, quote(value, safe=""), quote(value, safe="/=&")}:
-                text = text.replace(form, "***")
-    return _SAS_SIGNATURE.sub(r"\1***", text)
-
-
-def storage_failure(
-    table_uri: str,
-    operation: str,
-    exc: BaseException,
-    storage_options: Mapping[str, str] | None,
-    *,
-    note: str = "",
-) -> TableStorageError:
-    """The job's error for a failed request to the table's store, naming the table, the operation, what
-    to check and the cause (secrets masked).
-
-    :param operation: what failed, e.g. ``"reading the Delta log"``.
-    :param note: a sentence to end the message with.
-    """
-    azure = urlsplit(table_uri).scheme.lower() in AZURE_SCHEMES
-    if isinstance(exc, (PermissionDeniedError, UnauthenticatedError, PermissionError)):
-        check = (
-            "the account name and the account key or SAS token in storage_options, and that they may "
-            "access the container" if azure else
-            "the access key and secret key in storage_options, and that the key may access the table"
-        )  # fmt: skip
-    elif isinstance(exc, (FileNotFoundError, NotFoundError)):
-        check = "that the bucket (or container) and the table path exist"
-    elif azure:
-        check = (
-            "the endpoint, account name and credentials in storage_options (account key or SAS token), "
-            "that the container exists and that the credentials may access the table"
-        )
-    else:
-        check = (
-            "the endpoint, region and credentials in storage_options, that the bucket exists and that the "
-            "key may access the table"
-        )
-    cause = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-    text = f"{operation[:1].upper()}{operation[1:]} of table {table_uri} failed. Check {check}. Cause: "
-    text += f"{type(exc).__name__}: {cause}" + (f" {note}" if note else "")
-    return TableStorageError(redacted(text, storage_options))
-
-
-@contextmanager
-def storage_errors(
-    table_uri: str, operation: str, storage_options: Mapping[str, str] | None = None
-) -> Iterator[None]:
-    """Turn the store's errors (obstore's, OSError) inside the block into :class:`TableStorageError`."""
-    try:
-        yield
-    except (StoreError, OSError) as exc:
-        raise storage_failure(table_uri, operation, exc, storage_options) from exc
 
 
 def read_commit(store: ObjectStore, version: int) -> list[dict[str, Any]] | None:

@@ -27,6 +27,8 @@ from spark_jobs.delta_merge.protocol.column_mapping import (
 from spark_jobs.delta_merge.protocol.delta_schema import arrow_schema
 from spark_jobs.delta_merge.protocol.file_stats import DEFAULT_NUM_INDEXED_COLS, indexed_leaves
 from spark_jobs.delta_merge.protocol.files import WrittenFile
+from spark_jobs.delta_merge.sql_names import quoted_name
+from spark_jobs.delta_merge.storage.storage_errors import storage_failure, task_storage_fault
 from spark_jobs.delta_merge.write.task_plan import VIOLATION_MARKER, WriteTaskPlan
 from spark_jobs.delta_merge.write.write_task import RESULT_SCHEMA, write_empty_file, write_task
 
@@ -86,6 +88,8 @@ class MergeOutputPlan:
         tracking's materialized columns): no statistics are collected on them.
     :param mark_codes: rows of these codes are marked rather than written (deletion vectors): their
         target file's key and physical row index, from ``mark_columns``, come back in ``marks``.
+    :param materialize_partition_columns: the ``materializePartitionColumns`` writer feature: the data
+        files (and change data files) hold the partition columns too, after the other columns.
     """
 
     table_root: str
@@ -105,6 +109,7 @@ class MergeOutputPlan:
     storage_options: Mapping[str, str] | None = field(default=None, repr=False)
     mark_codes: Collection[int] = ()
     mark_columns: tuple[str, str] | None = None
+    materialize_partition_columns: bool = False
 
     def __post_init__(self) -> None:
         names = list(self.schema.names)
@@ -158,6 +163,7 @@ def write_merge_output(df: DataFrame, plan: MergeOutputPlan) -> WriteOutcome:
             hidden_columns=plan.hidden_columns, target_file_size=plan.target_file_size,
             num_indexed_cols=plan.num_indexed_cols, stats_columns=plan.stats_columns,
             column_mapping_mode=plan.column_mapping_mode, storage_options=plan.storage_options,
+            materialize_partition_columns=plan.materialize_partition_columns,
         ),
         drop_codes=tuple(sorted({int(c) for c in plan.drop_codes})),
         check_violations=plan.violation_column is not None,
@@ -165,11 +171,12 @@ def write_merge_output(df: DataFrame, plan: MergeOutputPlan) -> WriteOutcome:
         preimage_change_types=tuple(sorted((plan.preimage_change_types or {}).items())),
         mark_codes=tuple(sorted({int(c) for c in plan.mark_codes})),
     )
-    output = df.select(*[F.col(_quoted(n)).alias(n) for n in names], *[F.col(_quoted(c)) for c in extra])
+    output = df.select(*[F.col(quoted_name(n)).alias(n) for n in names],
+                       *[F.col(quoted_name(c)) for c in extra])  # fmt: skip
     if plan.partition_columns:
         # Delta's repartitionBeforeWrite, as REBALANCE: AQE sizes the partitions from the actual
         # shuffle bytes, so a small output becomes one task per partition value, a large one splits.
-        output = output.hint("rebalance", *[F.col(_quoted(c)) for c in plan.partition_columns])
+        output = output.hint("rebalance", *[F.col(quoted_name(c)) for c in plan.partition_columns])
     # pyspark's mapInArrow looks every column up by its bare name, which reads `value.a` as the field a
     # of a struct value (or fails): give it dot-free names; write_task reads the batches by position.
     output = output.toDF(*[f"_c{i}" for i in range(len(output.columns))])
@@ -189,6 +196,11 @@ def write_merge_output(df: DataFrame, plan: MergeOutputPlan) -> WriteOutcome:
             raise type(failure)(
                 f"{failure.bare_message} ({orphans}.)", error_class=failure.error_class
             ) from exc
+        if task_storage_fault(exc) is not None:
+            # A task's request to the store (reading the table's files or writing new ones) failed.
+            raise storage_failure(plan.table_root, "reading and writing the data files in Spark's tasks",
+                                  exc, plan.storage_options,
+                                  note=f"Nothing was committed ({orphans}).") from exc  # fmt: skip
         raise MergeExecutionError(
             f"Writing the merge output under {plan.table_root} failed; nothing was committed (files already "
             f"written there are not in the Delta log; VACUUM removes them). Cause: {failure_summary(exc)}"
@@ -215,11 +227,13 @@ def data_file_plan(
     *, table_root: str, schema: StructType, partition_columns: Sequence[str], target_file_size: int,
     hidden_columns: Sequence[str] = (), num_indexed_cols: int = DEFAULT_NUM_INDEXED_COLS,
     stats_columns: Sequence[str] | None = None, column_mapping_mode: str = "none",
-    storage_options: Mapping[str, str] | None = None,
+    storage_options: Mapping[str, str] | None = None, materialize_partition_columns: bool = False,
 ) -> WriteTaskPlan:
     """How a task writes data files of ``schema`` (partition and ``hidden_columns`` included, see
-    :func:`write_merge_output`): the layout, names and statistics every data file of the table gets."""
-    full_schema, data_schema, file_partitions = _file_layout(schema, partition_columns, column_mapping_mode)
+    :func:`write_merge_output`): the layout, names and statistics every data file of the table gets
+    (no statistics on partition columns, materialized or not: their values are in the log)."""
+    full_schema, data_schema, file_partitions = _file_layout(
+        schema, partition_columns, column_mapping_mode, materialize=materialize_partition_columns)
     logical_data = pa.schema(
         [f for f in arrow_schema(schema) if f.name not in partition_columns and f.name not in hidden_columns]
     )
@@ -242,12 +256,13 @@ def data_file_plan(
 def write_empty_change_file(
     *, table_root: str, schema: StructType, partition_columns: Sequence[str],
     partition_values: Mapping[str, str | None], column_mapping_mode: str = "none",
-    storage_options: Mapping[str, str] | None = None,
+    storage_options: Mapping[str, str] | None = None, materialize_partition_columns: bool = False,
 ) -> WrittenFile:
     """One change data file without rows under ``_change_data/`` (in the partition of the serialized
     ``partition_values``, keyed as in the log), for a rewrite that changed no row: see the classic merge
     executor."""
-    full_schema, data_schema, file_partitions = _file_layout(schema, partition_columns, column_mapping_mode)
+    full_schema, data_schema, file_partitions = _file_layout(
+        schema, partition_columns, column_mapping_mode, materialize=materialize_partition_columns)
     plan = WriteTaskPlan(
         root=_normalize_root(table_root),
         input_schema=full_schema,
@@ -263,13 +278,17 @@ def write_empty_change_file(
 
 
 def _file_layout(
-    schema: StructType, partition_columns: Sequence[str], column_mapping_mode: str
+    schema: StructType, partition_columns: Sequence[str], column_mapping_mode: str, *, materialize: bool
 ) -> tuple[pa.Schema, pa.Schema, tuple[str, ...]]:
     """The Arrow schemas of the rows (partition columns included) and of the files, and the partition
-    columns, all as files and log name them (physical names in column-mapped tables)."""
+    columns, all as files and log name them (physical names in column-mapped tables). ``materialize``
+    (PROTOCOL.md's materializePartitionColumns): the files hold the partition columns after the others."""
     full_schema = physical_arrow_schema(schema, arrow_schema(schema), column_mapping_mode)
     keys = tuple(partition_keys(schema, partition_columns, column_mapping_mode).values())
-    return full_schema, pa.schema([f for f in full_schema if f.name not in keys]), keys
+    data_fields = [f for f in full_schema if f.name not in keys]
+    if materialize:
+        data_fields += [full_schema.field(key) for key in keys]
+    return full_schema, pa.schema(data_fields), keys
 
 
 def written_file(row: Mapping[str, Any]) -> WrittenFile:
@@ -298,8 +317,6 @@ def task_violation(exc: BaseException) -> str | None:
         return None
 
 
-def _quoted(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
 
 
 def _normalize_root(table_root: str) -> str:

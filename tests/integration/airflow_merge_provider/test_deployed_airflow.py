@@ -389,6 +389,10 @@ def test_scheduled_catchup_then_backfill_on_a_deployed_airflow(deployment: Deplo
             "readVersion": version - 1, "tableVersion": version, "skipped": False,
         }  # fmt: skip
         assert {key: metrics[key] for key in expected} == expected, metrics
+        # The stages in the order they ran, through PostgreSQL's JSONB (which would sort an object's keys).
+        stages = [stage["stage"].removeprefix("MERGE operation - ") for stage in metrics["stageTimesMs"]]
+        assert stages[:2] == ["loading the target's snapshot", "resolving the statement"], stages
+        assert stages[-1] == "committing", stages
         # The merge deferred; the triggerer watched its driver; the resumed task replayed the driver's
         # output into its log and logged the summary.
         merge_states = deployment.states_seen.get((run_id, MERGE_TASK), [])

@@ -4,6 +4,9 @@ seed leaves the merged table alone."""
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -83,10 +86,21 @@ def test_seeded_data_lets_the_upsert_example_merge_and_reseeding_keeps_the_table
     assert {name: metrics[name] for name in expected} == expected
     assert (metrics["skipped"], metrics["dryRun"], metrics["readVersion"]) == (False, False, 3)
     # The commit carries the merge's identity, and the asset event its metrics.
-    assert metrics["appId"].startswith("airflow:merge_upsert_daily.upsert_accounts:")
+    # Keyed on the day: a clear or another `dags test` of this date would skip.
+    assert (metrics["appId"], metrics["appVersion"]) == (f"accounts.{days[0]}", 1)
     assert _txns(str(accounts)) == [(4, metrics["appId"], metrics["appVersion"])]
     events = _asset_events(seed_home, f"file://{accounts}")
     assert events == [{"task_id": "upsert_accounts", "extra": metrics}]
+    # The provider's reader of a task's metrics after `airflow dags test` (the docs' recipe).
+    shown = subprocess.run(
+        [sys.executable, "-m", "airflow_merge_provider", "metrics", "merge_upsert_daily", "upsert_accounts",
+         days[0]],
+        env=seed_home.env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    assert shown.stdout.startswith("merge_upsert_daily.upsert_accounts in run ")
+    cells = dict(re.findall(r"(\w+)\s+(\d+)", shown.stdout))
+    assert {name: int(cells[name]) for name in expected} == expected
     balances = dict(read_rows(accounts, columns=["id", "balance"]))
     assert len(balances) == 1010
     # Account 1 updated by the first day, 2 untouched, 1001 new.

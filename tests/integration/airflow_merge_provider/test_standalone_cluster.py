@@ -110,10 +110,10 @@ def test_upsert_example_dag_runs_on_executors_of_both_workers(
         "numSourceRows": 100, "numTargetRowsInserted": 30, "numTargetRowsUpdated": 70,
         "numTargetRowsDeleted": 0, "numTargetRowsCopied": 430, "numOutputRows": 530,
         "numTargetFilesBeforeSkipping": 4, "numTargetFilesRemoved": 2, "readVersion": 3, "tableVersion": 4,
-        "skipped": False, "dryRun": False, "appVersion": 0,
+        "skipped": False, "dryRun": False, "appVersion": 1, "appId": f"accounts.{DATE}",
     }  # fmt: skip
     assert {key: metrics[key] for key in expected} == expected
-    assert _txns(str(accounts)) == [(4, metrics["appId"], 0)]
+    assert _txns(str(accounts)) == [(4, f"accounts.{DATE}", 1)]
     # Both workers launched an executor for the merge's application, and both executors ran tasks.
     app_id, logged = _event_log(events)
     by_worker = cluster.executors_by_worker(app_id)

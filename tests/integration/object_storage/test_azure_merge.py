@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from spark_jobs.delta_merge.errors import MergeAnalysisError, TableStorageError
+from spark_jobs.delta_merge.errors import MergeAnalysisError, StorageAuthenticationError, TableStorageError
 from spark_jobs.delta_merge.storage.log_store import log_store, read_commit
 from tests.integration.object_storage.table_io import kv, merge, table_rows
 from tests.integration.object_storage.test_azure_storage import WRONG_KEY
@@ -105,7 +105,8 @@ def test_a_wrong_account_key_fails_cleanly_and_leaves_the_table(
 
     message = str(raised.value)
     assert f"{operation} {uri if side == 'target' else source['uri']} failed" in message
-    assert "account key or SAS token" in message
+    assert type(raised.value) is StorageAuthenticationError
+    assert "its account key, SAS token or service principal" in message
     for secret in (WRONG_KEY, azurite.account_key):
         assert secret not in f"{raised.value!r} {message}"
         assert secret not in caplog.text

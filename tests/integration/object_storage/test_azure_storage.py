@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from spark_jobs.delta_merge.errors import MergeSpecError, TableStorageError
+from spark_jobs.delta_merge.errors import MergeSpecError, StorageAuthenticationError, TableStorageError
 from spark_jobs.delta_merge.protocol.deletion_vectors import deleted_rows, write_deletion_vectors
 from spark_jobs.delta_merge.protocol.delta_log import read_commit_actions
 from spark_jobs.delta_merge.protocol.snapshot import load_snapshot
@@ -24,10 +24,10 @@ from spark_jobs.delta_merge.storage.log_store import (
     commit_path,
     log_store,
     read_commit,
-    redacted,
-    storage_errors,
     write_commit,
 )
+from spark_jobs.delta_merge.storage.storage_errors import storage_errors
+from spark_jobs.delta_merge.storage.storage_secrets import redacted
 from tests.integration.object_storage.table_io import race_for_commits
 from tests.support.azurite_server import ACCOUNT, ACCOUNT_KEY, AzuriteServer
 
@@ -170,7 +170,9 @@ def test_a_wrong_account_key_fails_the_log_readers_clearly(
         with caplog.at_level(logging.DEBUG), pytest.raises(TableStorageError) as raised:
             call()
         assert f"{operation} {uri} failed" in str(raised.value)
-        assert "account key or SAS token" in str(raised.value)
+        assert type(raised.value) is StorageAuthenticationError
+        assert "did not accept the credentials (403 Forbidden, AuthorizationFailure)" in str(raised.value)
+        assert "the account name with its account key, SAS token or service principal" in str(raised.value)
         text = "".join(traceback.format_exception(raised.value)) + caplog.text
         assert WRONG_KEY not in text
     assert DeltaTable(uri, storage_options=azurite.storage_options()).version() == 0

@@ -28,7 +28,7 @@ from deltalake import DeltaTable, write_deltalake
 
 from airflow_merge_provider.errors import MergeArgumentError
 from airflow_merge_provider.hooks.storage_credentials import StorageCredentialsHook, amazon_provider_installed
-from spark_jobs.delta_merge.errors import MergeExecutionError
+from spark_jobs.delta_merge.errors import StoragePermissionError
 from tests.integration.object_storage.table_io import kv, merge, table_rows
 from tests.support.delta_reader import read_rows
 from tests.support.s3_server import REGION, S3Key, S3Server
@@ -206,13 +206,14 @@ def test_a_read_only_role_lets_the_merge_read_but_not_write(
     options = StorageCredentialsHook(aws_conn_id="reader_role").storage_options()
     assert DeltaTable(uri, storage_options=options).version() == 0
 
-    with pytest.raises(MergeExecutionError) as refused:
+    with pytest.raises(StoragePermissionError) as refused:
         merge(merge_spark, uri, options, {"uri": source_uri, "format": "parquet", "storage_options": options})
 
     message = str(refused.value)
     # The executors' pyarrow writer was refused its first data file (the role has no s3:PutObject).
-    assert f"Writing the merge output under {uri} failed; nothing was committed" in message
-    assert "AWS Error ACCESS_DENIED" in message
+    assert message.startswith(f"Reading and writing the data files in Spark's tasks of table {uri} failed: "
+                              "the store refused the request (ACCESS_DENIED)")  # fmt: skip
+    assert "Nothing was committed" in message
     assert options["AWS_SECRET_ACCESS_KEY"] not in message
     assert options["AWS_SESSION_TOKEN"] not in message
     assert DeltaTable(uri, storage_options=admin).version() == 0

@@ -15,10 +15,17 @@ import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 
-from airflow_merge_provider.errors import MergeProviderError, TargetTableNotFoundError
+from airflow_merge_provider.errors import StorageRefusedError, TargetTableNotFoundError
 from airflow_merge_provider.hooks.merge_commit import find_merge_commit
 from spark_jobs.delta_merge.commit.actions import attempt_commit
-from spark_jobs.delta_merge.errors import MergeAnalysisError, MergeJobError, TableStorageError
+from spark_jobs.delta_merge.errors import (
+    MergeAnalysisError,
+    MergeJobError,
+    StorageAuthenticationError,
+    StorageContainerNotFoundError,
+    StoragePermissionError,
+    TableStorageError,
+)
 from spark_jobs.delta_merge.protocol.deletion_vectors import deleted_rows, write_deletion_vectors
 from spark_jobs.delta_merge.protocol.delta_log import (
     app_transaction_version,
@@ -29,7 +36,8 @@ from spark_jobs.delta_merge.protocol.delta_log import (
     table_version,
 )
 from spark_jobs.delta_merge.protocol.snapshot import load_snapshot
-from spark_jobs.delta_merge.storage.log_store import log_store, storage_failure
+from spark_jobs.delta_merge.storage.log_store import log_store
+from spark_jobs.delta_merge.storage.storage_errors import storage_failure
 from tests.integration.object_storage.s3_tables import create_table, plan, upload_directory, write_file
 from tests.support.deletion_vector_fixture import add_deletion_vectors
 from tests.support.s3_server import S3Server
@@ -79,10 +87,17 @@ def test_a_wrong_secret_key_fails_every_log_reader_clearly(
         (lambda: first_merge_commit_after(uri, 0, storage_options=bad), "Reading the Delta log of table"),
     ]  # fmt: skip
     for call, operation in cases:
-        text = _failure(call, TableStorageError, caplog)
-        assert f"{operation} {uri} failed" in text
-        assert "Check" in text
-        assert "credentials" in text or "secret key" in text
+        if operation.startswith("Probing"):
+            # A HEAD request: its 403 has no body, so the message cannot tell a wrong key from a missing
+            # permission and names both (neither is retried).
+            text = _failure(call, StoragePermissionError, caplog)
+            answer = "the store refused the request (403 Forbidden): the credentials from storage_options " \
+                "(AWS_SECRET_ACCESS_KEY) are wrong or may not do this"
+        else:
+            text = _failure(call, StorageAuthenticationError, caplog)
+            answer = "the store did not accept the credentials (403 Forbidden, SignatureDoesNotMatch). " \
+                "They came from storage_options (AWS_SECRET_ACCESS_KEY)"
+        assert f"{operation} {uri} failed: {answer}" in text
         _assert_clean(text, s3_server)
         caplog.clear()
 
@@ -95,12 +110,15 @@ def test_the_provider_reports_a_wrong_secret_key_as_its_own_error(
     bad = s3_server.storage_options(AWS_SECRET_ACCESS_KEY=WRONG_SECRET)
     for kwargs in ({"after_version": 0}, {"app_id": "dag"}):
         text = _failure(
-            lambda kwargs=kwargs: find_merge_commit(uri, storage_options=bad, **kwargs),
-            MergeProviderError,
+            lambda kwargs=kwargs: find_merge_commit(uri, storage_options=bad,
+                                                    credentials_from="aws_conn_id='x'", **kwargs),
+            StorageRefusedError,
             caplog,
-        )
-        assert f"Cannot read the Delta log of {uri}" in text
-        assert "Reading the Delta log of table" in text
+        )  # fmt: skip
+        # The job's message as it is (not wrapped in another that repeats it), naming the credentials' source.
+        assert f"StorageRefusedError: Reading the Delta log of table {uri} failed: the store did not" in text
+        assert "They came from aws_conn_id='x'" in text
+        assert "Cannot read the Delta log" not in text
         _assert_clean(text, s3_server)
 
 
@@ -111,14 +129,16 @@ def test_a_commit_with_a_wrong_secret_or_without_permission_names_the_commit_fil
     options = create_table(s3_server, uri)
     snapshot = load_snapshot(uri, storage_options=options)
     merge = plan(snapshot, [write_file(s3_server, uri, "a", [9])])
-    for bad in (
-        s3_server.storage_options(AWS_SECRET_ACCESS_KEY=WRONG_SECRET),
-        s3_server.storage_options(s3_server.reader),
-    ):
+    for bad, kind, what in (
+        (s3_server.storage_options(AWS_SECRET_ACCESS_KEY=WRONG_SECRET), StorageAuthenticationError,
+         "the store did not accept the credentials (403 Forbidden, SignatureDoesNotMatch)"),
+        (s3_server.storage_options(s3_server.reader), StoragePermissionError,
+         "the store refused the request (403 Forbidden, AccessDenied): the credentials from storage_options "
+         "(AWS_SECRET_ACCESS_KEY) may not do this"),
+    ):  # fmt: skip
         text = _failure(lambda bad=bad: attempt_commit(merge, base_version=0, storage_options=bad),
-                        TableStorageError, caplog)  # fmt: skip
-        assert f"Writing commit {1:020d}.json (on version 0) of table {uri} failed" in text
-        assert "Check the access key and secret key in storage_options, and that the key may access" in text
+                        kind, caplog)  # fmt: skip
+        assert f"Writing commit {1:020d}.json (on version 0) of table {uri} failed: {what}" in text
         assert "find_app_transaction_commit" in text
         _assert_clean(text, s3_server)
         caplog.clear()
@@ -172,9 +192,9 @@ def test_writing_a_deletion_vector_with_a_wrong_secret_key_fails_clearly(
 def test_a_missing_bucket_is_named(s3_server: S3Server, caplog: pytest.LogCaptureFixture) -> None:
     uri = "s3://no-such-bucket-here/table"
     options = s3_server.storage_options()
-    text = _failure(lambda: load_snapshot(uri, storage_options=options), TableStorageError, caplog)
-    assert f"Reading the Delta log of table {uri} failed" in text
-    assert "that the bucket exists" in text
+    load = lambda: load_snapshot(uri, storage_options=options)  # noqa: E731
+    text = _failure(load, StorageContainerNotFoundError, caplog)
+    assert f"Reading the Delta log of table {uri} failed: the bucket 'no-such-bucket-here' does not" in text
     _assert_clean(text, s3_server)
 
 
@@ -186,10 +206,10 @@ def test_a_commit_into_a_missing_bucket_is_named(
     snapshot = load_snapshot(uri, storage_options=options)
     merge = dataclasses.replace(plan(snapshot, [write_file(s3_server, uri, "a", [9])]),
                                 table_uri="s3://no-such-bucket-here/moved")  # fmt: skip
-    text = _failure(lambda: attempt_commit(merge, base_version=0, storage_options=options), TableStorageError,
-                    caplog)  # fmt: skip
-    assert f"Writing commit {1:020d}.json (on version 0) of table s3://no-such-bucket-here/moved" in text
-    assert "Check that the bucket (or container) and the table path exist" in text
+    text = _failure(lambda: attempt_commit(merge, base_version=0, storage_options=options),
+                    StorageContainerNotFoundError, caplog)  # fmt: skip
+    assert f"Writing commit {1:020d}.json (on version 0) of table s3://no-such-bucket-here/moved failed: " \
+        "the bucket 'no-such-bucket-here' does not exist" in text
     _assert_clean(text, s3_server)
 
 

@@ -22,7 +22,12 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from spark_jobs.delta_merge import run_merge
-from spark_jobs.delta_merge.errors import MergeAnalysisError, MergeJobError
+from spark_jobs.delta_merge.errors import (
+    MergeAnalysisError,
+    MergeJobError,
+    StorageAuthenticationError,
+    StoragePermissionError,
+)
 from spark_jobs.delta_merge.protocol.files import LiveFile
 from spark_jobs.delta_merge.protocol.row_tracking import row_tracking
 from spark_jobs.delta_merge.protocol.snapshot import load_snapshot
@@ -482,7 +487,10 @@ def test_a_wrong_secret_fails_cleanly_and_leaves_the_table(
 
     text = f"{raised.value!r} {raised.value}"
     assert (uri if side == "target" else source["uri"]) in str(raised.value)
-    assert "credentials in storage_options" in str(raised.value)
+    # Where the credentials came from. (A HEAD request's 403 has no body to tell a wrong key from a missing
+    # permission: either way the message names both, and neither is retried.)
+    assert "storage_options (AWS_SECRET_ACCESS_KEY)" in str(raised.value)
+    assert type(raised.value) in (StorageAuthenticationError, StoragePermissionError)
     for secret in (wrong_secret, s3_server.admin.secret_access_key):
         assert secret not in text
         assert secret not in caplog.text

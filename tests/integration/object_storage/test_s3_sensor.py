@@ -15,11 +15,11 @@ from typing import Any, cast
 import pendulum
 import pytest
 from airflow.sdk import DAG, Asset, Context, PokeReturnValue
-from airflow.sdk.exceptions import AirflowException, TaskDeferred
+from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
 from airflow.sdk.execution_time.context import OutletEventAccessors
 
 from airflow_merge_provider.assets import table_asset
-from airflow_merge_provider.errors import MergeArgumentError, MergeProviderError
+from airflow_merge_provider.errors import MergeArgumentError, StorageRefusedError
 from airflow_merge_provider.sensors.merge_commit import MergeCommitSensor
 from airflow_merge_provider.triggers.merge_commit import MergeCommitTrigger
 from spark_jobs.delta_merge.commit.actions import attempt_commit
@@ -167,7 +167,7 @@ def test_a_deferrable_sensor_refuses_secret_storage_options_naming_the_key_only(
     s3_server: S3Server, bucket: str
 ) -> None:
     options = s3_server.storage_options()
-    with pytest.raises(MergeArgumentError, match="pass aws_conn_id instead") as refused:
+    with pytest.raises(MergeArgumentError, match="pass aws_conn_id or azure_conn_id instead") as refused:
         _sensor(f"s3://{bucket}/orders", app_id=APP_ID, storage_options=options, deferrable=True)
 
     message = str(refused.value)
@@ -186,12 +186,15 @@ def test_a_wrong_secret_in_the_connection_is_a_readable_error_without_the_secret
     _define_connection(monkeypatch, s3_server, wrong)
     sensor = _sensor(uri, after_version=0, aws_conn_id=CONN_ID)
 
-    with caplog.at_level(logging.DEBUG), pytest.raises(MergeProviderError) as raised:
+    with caplog.at_level(logging.DEBUG), pytest.raises(StorageRefusedError) as raised:
         sensor.poke(_context())
 
     text = "".join(traceback.format_exception(raised.value)) + caplog.text
-    # The job's TableStorageError message: the table, the operation and what to check.
-    assert f"Cannot read the Delta log of {uri}: Reading the Delta log of table {uri} failed. Check" in text
+    # The job's message, once: the table, the operation, the store's answer and the connection.
+    assert str(raised.value).startswith(f"Reading the Delta log of table {uri} failed: the store did not "
+                                        "accept the credentials (403 Forbidden, SignatureDoesNotMatch). "
+                                        f"They came from aws_conn_id={CONN_ID!r}")  # fmt: skip
+    assert isinstance(raised.value, AirflowFailException)  # not retried
     _assert_no_secret(text, s3_server)
 
     caplog.clear()
@@ -200,10 +203,10 @@ def test_a_wrong_secret_in_the_connection_is_a_readable_error_without_the_secret
         (event,) = asyncio.run(_events(trigger))
 
     assert (event["status"], event["timed_out"]) == ("error", False)
-    assert f"Reading the Delta log of table {uri} failed. Check" in event["message"]
-    assert f"(credentials from aws_conn_id {CONN_ID!r})" in event["message"]
+    assert event["refused"] is True
+    assert event["message"] == str(raised.value)
     _assert_no_secret(event["message"] + caplog.text, s3_server)
-    with pytest.raises(AirflowException, match=f"Cannot read the Delta log of {uri}"):
+    with pytest.raises(StorageRefusedError, match=f"Reading the Delta log of table {uri} failed"):
         sensor.execute_complete(_context(), event)
 
 
@@ -215,6 +218,8 @@ def test_a_missing_bucket_is_a_readable_error(s3_server: S3Server, monkeypatch: 
     (event,) = asyncio.run(_events(trigger))
 
     assert (event["status"], event["timed_out"]) == ("error", False)
-    assert f"Reading the Delta log of table {uri} failed. Check" in event["message"]
-    assert "that the bucket exists" in event["message"]
+    assert event["message"].startswith(f"Reading the Delta log of table {uri} failed: the bucket "
+                                       "'no-such-bucket-for-sensor' does not exist (404 Not Found, "
+                                       "NoSuchBucket)")  # fmt: skip
+    assert event["refused"] is True
     _assert_no_secret(event["message"], s3_server)

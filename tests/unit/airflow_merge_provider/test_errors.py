@@ -24,6 +24,12 @@ from spark_jobs.delta_merge.errors import (
     MergeJobError,
     MergeSpecError,
     MultipleSourceRowMatchesError,
+    StorageAuthenticationError,
+    StorageContainerNotFoundError,
+    StorageNetworkError,
+    StoragePermissionError,
+    StorageThrottledError,
+    TableStorageError,
     UnsupportedTableFeatureError,
     spark_failure,
 )
@@ -49,8 +55,24 @@ JOB_ERRORS: list[tuple[MergeJobError, bool]] = [
     (MergeExecutionError("Writing the merge output under /t failed; ... Cause: executor lost"), True),
     (ConcurrentModificationError("ConcurrentAppendException: Files were added ...",
                                  error_class="DELTA_CONCURRENT_APPEND"), True),
+    (StorageAuthenticationError("Reading the Delta log of table s3://b/t failed: the store did not accept "
+                                "the credentials (403 Forbidden, SignatureDoesNotMatch). ..."), False),
+    (StoragePermissionError("Writing commit 1 of table s3://b/t failed: the store refused the request "
+                            "(403 Forbidden, AccessDenied) ..."), False),
+    (StorageContainerNotFoundError("... the bucket 'b' does not exist (404 Not Found, NoSuchBucket)"), False),
+    (StorageThrottledError("... the store is throttling requests (503 Service Unavailable, SlowDown)"), True),
+    (StorageNetworkError("... the store could not be reached or failed (connection refused) ..."), True),
+    (TableStorageError("Reading commit 7 of table s3://b/t failed. ... Cause: ..."), True),
 ]
 IDS = [f"{type(error).__name__}-{error.error_class}" for error, _ in JOB_ERRORS]
+
+
+def test_a_storage_refusal_says_what_must_change_before_a_rerun() -> None:
+    raised = job_failed_error("s3://b/t", "StoragePermissionError", "Writing commit 1 of s3://b/t failed")
+    assert str(raised).endswith(
+        "Not retried: nothing was committed, and the same merge fails the same way until the credentials, "
+        "their permissions or the bucket change."
+    )
 
 
 def _hook_reads(line: str, spark_local: str) -> Any:
@@ -121,3 +143,45 @@ def test_a_spark_data_error_on_the_driver_fails_the_task_without_retries(
     assert (failure.kind, failure.deterministic) == ("CastFailureError", True)
     assert failure.message.startswith("[DIVIDE_BY_ZERO] Division by zero.")
     assert isinstance(job_failed_error("/data/t", failure.kind, failure.message), MergeJobRejectedError)
+
+
+class _Log:
+    def __init__(self) -> None:
+        self.errors: list[str] = []
+
+    def error(self, text: str, *args: object) -> None:
+        self.errors.append(text % args)
+
+
+def test_a_provider_error_is_logged_once_first_and_keeps_each_distinct_cause_once_below_it() -> None:
+    import sys
+
+    from airflow_merge_provider.errors import MergeProviderError, one_clear_message
+
+    def merge() -> None:
+        try:
+            try:
+                raise OSError("disk says no")
+            except OSError as low:
+                raise ValueError("reading /t failed: disk says no") from low
+        except ValueError as middle:
+            raise MergeProviderError("Cannot merge into /t: check the disk") from middle
+
+    log = _Log()
+    with pytest.raises(MergeProviderError) as raised, one_clear_message(log):
+        merge()
+
+    assert log.errors == ["Cannot merge into /t: check the disk"]
+    assert raised.value.__cause__ is None
+    if sys.version_info >= (3, 11):
+        # The OSError's text is inside the ValueError's line: shown once.
+        assert raised.value.__notes__ == ["Caused by ValueError: reading /t failed: disk says no"]
+
+
+def test_a_failure_the_job_reported_is_not_logged_again() -> None:
+    from airflow_merge_provider.errors import MergeJobRejectedError, job_failed_error, one_clear_message
+
+    log = _Log()
+    with pytest.raises(MergeJobRejectedError), one_clear_message(log):
+        raise job_failed_error("/t", "MergeAnalysisError", "cannot resolve s.nope")
+    assert log.errors == []

@@ -50,9 +50,13 @@ def _cells(line: str) -> list[tuple[int, int]]:
 
 
 def test_table_lists_every_metric_once_in_aligned_columns() -> None:
+    # A mapping (as the job's stage timer keeps them) becomes the XCom's list, in the order the stages ran.
     stages = {"MERGE operation - scanning files for matches": 1500, "MERGE operation - committing": 20}
     raw = {"numSourceRows": 1234567, "stageTimesMs": stages}
-    table = format_metrics_table(to_xcom(raw, app_id="a", app_version=0))
+    xcom = to_xcom(raw, app_id="a", app_version=0)
+    assert xcom["stageTimesMs"] == [{"stage": "MERGE operation - scanning files for matches", "ms": 1500},
+                                    {"stage": "MERGE operation - committing", "ms": 20}]  # fmt: skip
+    table = format_metrics_table(xcom)
     lines = table.splitlines()
     # 33 numbers three a line, 3 other values, the stages' title and 2 stages
     assert len(lines) == 11 + 3 + 1 + 2
@@ -71,11 +75,12 @@ def test_long_values_keep_every_column_aligned() -> None:
     raw = {
         "numSourceRows": 12, "numTargetBytesAdded": 123_456_789_012_345, "numTargetBytesRemoved": 7,
         "executionTimeMs": 98_765_432, "materializeSourceReason": "NOT_MATERIALIZED_AUTO_INSERT_ONLY",
-        "stageTimesMs": {
-            "MERGE operation - loading the target's snapshot": 15,
-            "MERGE operation - writing the output of 123 files in 40 partitions, change data included": 4,
-            "MERGE operation - committing": 123_456,
-        },
+        "stageTimesMs": [
+            {"stage": "MERGE operation - loading the target's snapshot", "ms": 15},
+            {"stage": "MERGE operation - writing the output of 123 files in 40 partitions, change data "
+                      "included", "ms": 4},
+            {"stage": "MERGE operation - committing", "ms": 123_456},
+        ],
     }  # fmt: skip
     lines = format_metrics_table(to_xcom(raw, app_id="a", app_version=0)).splitlines()
     grid = lines[:11]

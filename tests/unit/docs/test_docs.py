@@ -67,7 +67,7 @@ def test_the_xcom_table_lists_exactly_the_keys_and_types_the_operator_pushes() -
 
     assert len(documented) == len(rows), "a key is documented twice"
     assert set(documented) == set(pushed)
-    python_names = {int: "int", str: "str", bool: "bool", dict: "dict"}
+    python_names = {int: "int", str: "str", bool: "bool", dict: "dict", list: "list"}
     assert documented == {key: python_names[type(value)] for key, value in pushed.items()}
 
 

@@ -77,10 +77,11 @@ def test_a_java_error_through_py4j_keeps_the_java_exception_not_the_call_or_its_
 def test_the_metrics_line_round_trips_and_may_follow_other_text() -> None:
     line = metrics_line({"numTargetRowsInserted": 2, "materializeSourceReason": "NONE"})
     assert line == METRICS_PREFIX + '{"materializeSourceReason": "NONE", "numTargetRowsInserted": 2}'
-    stages = {"MERGE operation - scanning files for matches": 2, "MERGE operation - committing": 1}
+    stages = [{"stage": "MERGE operation - scanning files for matches", "ms": 2},
+              {"stage": "MERGE operation - committing", "ms": 1}]  # fmt: skip
     parsed = parse_metrics_line(metrics_line({"stageTimesMs": stages}))
     assert parsed is not None
-    assert list(parsed["stageTimesMs"]) == list(stages)  # in the order they ran, not sorted
+    assert parsed["stageTimesMs"] == stages  # in the order they ran, not sorted
     assert parse_metrics_line(f"stdout noise {line}") == json.loads(line[len(METRICS_PREFIX):])
     assert parse_metrics_line("MERGE failed: X: y") is None
     with pytest.raises(ValueError, match="Expecting property name"):
@@ -93,9 +94,11 @@ def test_deterministic_errors_are_the_ones_a_retry_cannot_fix() -> None:
     assert set(DETERMINISTIC_ERRORS) == {
         "MergeSpecError", "MergeAnalysisError", "MultipleSourceRowMatchesError",
         "UnsupportedTableFeatureError", "ConstraintViolationError", "CastFailureError",
-        "ExpectationFailedError",
+        "ExpectationFailedError", "StorageAuthenticationError", "StoragePermissionError",
+        "StorageContainerNotFoundError",
     }
     assert not is_deterministic("MergeExecutionError")
+    assert not is_deterministic("StorageNetworkError")
     assert not is_deterministic("ConcurrentModificationError")
     assert not is_deterministic(None)
 

@@ -422,6 +422,14 @@ ROWS: list[Row] = [
         _merge(UPSERT, _kv((3, 3, "c")), schema_evolution=True,
                source_query="SELECT *, NULL AS extra FROM parquet.`{source}`"),
         ("Cannot add column ", " with type VOID. Please explicitly specify a non-void type."), spark=True),
+    # Schema evolution merges a source type into the target's only by an implicit cast (Delta's
+    # mergeSchemas): BOOLEAN has none to INT, whatever the store assignment policy.
+    Row("DELTA_FAILED_TO_MERGE_FIELDS",
+        _merge(UPSERT, _kv((1, True, "c"), schema=pa.schema([("id", pa.int64()), ("n", pa.bool_()),
+                                                              ("v", pa.string())])),
+               schema_evolution=True),
+        ("Failed to merge fields 'n' and 'n'. Failed to merge incompatible data types IntegerType and "
+         "BooleanType",), spark=True),
     Row("NO_DEFAULT_COLUMN_VALUE_AVAILABLE",
         _defaults_merge(ON + "WHEN MATCHED THEN UPDATE SET n = DEFAULT", {"v": "'x'"}, not_null=["n"]),
         ("Can't determine the default value for `n` since it is not nullable and it has no default value.",),

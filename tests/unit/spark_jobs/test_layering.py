@@ -16,7 +16,7 @@ PREFIX = "spark_jobs.delta_merge"
 # Lowest first. A unit is a package of the job or a module at its root.
 LAYERS: list[set[str]] = [
     {"errors", "metrics", "field_checks", "stage_timing", "spark_confs", "expectations", "session_facts",
-     "task_frames"},
+     "task_frames", "sql_names"},
     {"statement"},
     {"spec"},
     {"storage"},

@@ -340,11 +340,12 @@ def test_empty_source(
 
     assert sorted_rows(target) == expected
     assert row_metrics(metrics) == expected_rows(**counts)
-    removes, adds = check_commit(target, before, metrics)
     if not expected:
+        removes, adds = check_commit(target, before, metrics)
         assert (len(removes), adds) == (1, [])
     else:
-        assert (removes, adds) == ([], [])
+        # Nothing changed: no version recorded, as Delta skips empty commits.
+        assert metrics["tableVersion"] == metrics["readVersion"] == table_version(target) == 0
         assert set(live_files(target)) == set(before)
 
 
@@ -361,8 +362,43 @@ def test_empty_target(spark: Any, tmp_path: Path, source_rows: list[tuple[int, s
     assert sorted_rows(target) == source_rows
     assert row_metrics(metrics) == expected_rows(
         numSourceRows=len(source_rows), numTargetRowsInserted=len(source_rows))
-    _, adds = check_commit(target, {}, metrics)
-    assert bool(adds) == bool(source_rows)
+    if source_rows:
+        _, adds = check_commit(target, {}, metrics)
+        assert adds
+    else:  # nothing changed: no version recorded
+        assert metrics["tableVersion"] == table_version(target) == 0
+
+
+NO_MATCH = "MERGE INTO t USING s ON t.id = s.id WHEN MATCHED THEN DELETE"
+
+
+def test_a_merge_that_changes_nothing_records_no_version_unless_told_or_keyed(
+    spark: Any, tmp_path: Path
+) -> None:
+    # Delta's skipRecordingEmptyCommits: on by default, off by its conf.
+    target = make_target(tmp_path / "t", kv([(1, "a")]))
+    source = parquet_source(tmp_path / "s", kv([(9, "z")]))
+
+    skipped = merge(spark, target, source, NO_MATCH)
+    assert (skipped["readVersion"], skipped["tableVersion"], table_version(target)) == (0, 0, 0)
+    assert skipped["numSourceRows"] == 1
+
+    spark.conf.set("spark.databricks.delta.skipRecordingEmptyCommits", "false")
+    try:
+        recorded = merge(spark, target, source, NO_MATCH)
+    finally:
+        spark.conf.unset("spark.databricks.delta.skipRecordingEmptyCommits")
+    assert (recorded["tableVersion"], table_version(target)) == (1, 1)
+    assert [a for a in log_actions(target, 1) if "add" in a or "remove" in a] == []
+
+    # An app transaction is recorded even when nothing changed: a rerun must find it applied.
+    spec = {"target": {"uri": str(target)}, "source": source, "merge_sql": NO_MATCH,
+            "run": {"app_id": "nightly", "app_version": 3}}  # fmt: skip
+    keyed = run_merge(spark, spec).to_dict()
+    assert (keyed["tableVersion"], table_version(target)) == (2, 2)
+    (txn,) = [a["txn"] for a in log_actions(target, 2) if "txn" in a]
+    assert (txn["appId"], txn["version"]) == ("nightly", 3)
+    assert run_merge(spark, spec).to_dict()["skipped"] is True
 
 
 # -- partitions and data skipping -----------------------------------------------------------------------

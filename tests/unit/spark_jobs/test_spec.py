@@ -614,3 +614,16 @@ def test_the_statement_is_parsed_and_checked_once_per_spec(monkeypatch: pytest.M
     assert spec.validate() is first  # ... and run_merge gets the same parsed statement back
     assert len(parses) == 1
     assert MergeSpec.from_dict(spec.to_dict()) == spec  # the kept statement is no part of the contract
+
+
+def test_where_the_credentials_came_from_round_trips_and_is_left_out_when_unknown() -> None:
+    named = "aws_conn_id='lake_s3'"
+    target = TargetSpec.from_dict({"uri": "s3://b/t", "credentials_from": named})
+    source = SourceSpec.from_dict({"uri": "s3://b/x", "credentials_from": named})
+    assert (target.credentials_from, source.credentials_from) == (named, named)
+    assert TargetSpec.from_dict(target.to_dict()) == target
+    assert SourceSpec.from_dict(source.to_dict()) == source
+    assert "credentials_from" not in TargetSpec(uri="s3://b/t").to_dict()
+    assert "credentials_from" not in SourceSpec(uri="s3://b/x").to_dict()
+    with pytest.raises(MergeSpecError, match=r"target.credentials_from: expected where the credentials came"):
+        TargetSpec.from_dict({"uri": "s3://b/t", "credentials_from": 3})

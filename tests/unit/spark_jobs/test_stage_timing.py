@@ -43,7 +43,7 @@ def test_a_merge_reports_its_stage_times_and_tags_its_operations_keeping_the_cal
     merge_tags = {tag for tags in tags_during for tag in tags if tag.startswith(MERGE_TAG_PREFIX)}
     assert len(merge_tags) == 1
     assert all(tags == {"callers-tag", *merge_tags} for tags in tags_during)
-    stages = metrics["stageTimesMs"]
+    stages = {stage["stage"]: stage["ms"] for stage in metrics["stageTimesMs"]}
     assert list(stages) == [
         "MERGE operation - loading the target's snapshot",
         "MERGE operation - resolving the statement",

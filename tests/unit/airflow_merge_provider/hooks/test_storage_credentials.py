@@ -25,6 +25,7 @@ from airflow_merge_provider.hooks.storage_credentials import (
     with_credentials,
 )
 from airflow_merge_provider.operators import merge_into
+from airflow_merge_provider.spec_credentials import with_connection_credentials
 from tests.support.airflow_fixtures import ContextFactory
 from tests.unit.airflow_merge_provider.operators.test_merge_into import JOB_METRICS, _operator
 
@@ -166,6 +167,30 @@ def test_credentials_go_only_to_s3_uris() -> None:
     assert with_credentials(CREDENTIALS, {}, uri="S3://bucket/t") == CREDENTIALS
 
 
+def test_the_connection_is_named_as_the_credentials_source_only_where_its_keys_are_used(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from spark_jobs.delta_merge.contract import MergeSpec
+
+    monkeypatch.setattr(storage_credentials, "amazon_provider_installed", lambda: False)
+    _define(monkeypatch, "lake", login=ACCESS_KEY, password=SECRET, extra={"region_name": "eu-west-3"})
+    spec = MergeSpec.from_dict({
+        "target": {"uri": "s3://bucket/t"},
+        "source": {"uri": "s3://bucket/s", "storage_options": {"AWS_ACCESS_KEY_ID": "AKIAMINE",
+                                                              "AWS_SECRET_ACCESS_KEY": "mine"}},
+        "merge_sql": "MERGE INTO t USING s ON t.id = s.id WHEN MATCHED THEN DELETE",
+    })  # fmt: skip
+
+    quiet = SimpleNamespace(info=lambda *args: None)
+    completed = with_connection_credentials(spec, aws_conn_id="lake", log=quiet)
+
+    assert completed.target.storage_options["AWS_SECRET_ACCESS_KEY"] == SECRET
+    assert completed.target.credentials_from == "aws_conn_id='lake'"
+    # The source's own key wins, and is named as its own.
+    assert completed.source.storage_options["AWS_SECRET_ACCESS_KEY"] == "mine"
+    assert completed.source.credentials_from is None
+
+
 # -- MergeIntoOperator -------------------------------------------------------------------------------------
 
 
@@ -218,7 +243,7 @@ def test_the_operator_puts_connection_credentials_in_the_private_spec_file_only(
     # The task log (Airflow's structlog writes to the process's streams): the run was logged, not the keys.
     captured = capfd.readouterr()
     log = captured.out + captured.err
-    assert "connection 'lake'" in log
+    assert "from aws_conn_id='lake' (keys: AWS_ACCESS_KEY_ID" in log
     assert "MERGE into s3://lake/orders" in log
     assert SECRET not in log
     assert ACCESS_KEY not in log
@@ -305,7 +330,7 @@ def test_secret_storage_options_are_refused_where_the_spec_would_be_on_the_comma
     target = {"uri": "s3://lake/orders", "storage_options": {"AWS_SECRET_ACCESS_KEY": SECRET}}
     op = _operator(tmp_path, fake_spark_submit, target=target, **kwargs)
 
-    with pytest.raises(MergeArgumentError, match="credentials in storage_options and aws_conn_id need"):
+    with pytest.raises(MergeArgumentError, match="credentials in storage_options or a storage connection"):
         op.execute(make_context())
 
     assert "storage_options ['AWS_SECRET_ACCESS_KEY']" in str(op_error := _refusal(op, make_context))

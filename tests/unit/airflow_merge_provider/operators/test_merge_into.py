@@ -488,3 +488,44 @@ def test_on_kill_stops_spark_submit(tmp_path: Path) -> None:
     op._hook = SimpleNamespace(on_kill=lambda: killed.append(True))  # type: ignore[assignment]
     op.on_kill()
     assert killed == [True]
+
+
+def test_a_target_that_is_not_a_delta_table_fails_with_one_clear_message_first(
+    tmp_path: Path,
+    make_context: ContextFactory,
+    fake_spark_submit: SimpleNamespace,
+    spark_local: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import sys
+    import traceback
+
+    from airflow_merge_provider.errors import TargetTableNotFoundError
+
+    missing = tmp_path / "not_a_table"
+    op = _operator(tmp_path, fake_spark_submit, target=str(missing))
+    context = make_context()
+    op.render_template_fields(context)
+
+    with pytest.raises(TargetTableNotFoundError) as raised:
+        op.execute(context)
+
+    message = (
+        f"{missing} is not a Delta table (no _delta_log found). Check the target URI and that the table has "
+        "been created."
+    )
+    assert str(raised.value) == message
+    # The task log says it first, as one error line (before the traceback Airflow prints).
+    errors = [line for line in capsys.readouterr().out.splitlines() if "[error" in line]
+    assert len(errors) == 1, errors
+    assert message in errors[0]
+    printed = "".join(traceback.format_exception(raised.value))
+    # One traceback, ending with the message; deltalake's and the job's errors below it, once each.
+    assert printed.count("Traceback (most recent call last)") == 1
+    assert "The above exception was the direct cause" not in printed
+    if sys.version_info >= (3, 11):
+        notes = getattr(raised.value, "__notes__", [])
+        assert len(notes) == 1, notes
+        assert notes[0].startswith(f"Caused by MergeAnalysisError: Cannot read the Delta log of {missing}: ")
+        assert printed.rstrip().endswith(notes[0])
+    assert fake_spark_submit.calls() == []

@@ -80,7 +80,7 @@ def test_a_durable_run_records_its_driver_then_follows_it_into_the_task_log(
     assert driver_state(driver) == "exited"
     assert not Path(driver.driver_log).exists()  # relayed into the task log, then removed
     # The same XCom as an attached run: the job's metrics line, Spark jobs and stage times included.
-    assert result["stageTimesMs"] == {"MERGE operation - committing": 12}
+    assert result["stageTimesMs"] == [{"stage": "MERGE operation - committing", "ms": 12}]
     assert (result["skipped"], result["tableVersion"], result["appId"]) == (False, 1, APP_ID)
     assert context["outlet_events"][Asset(uri=f"file://{table}")].extra == result
     out, err = capfd.readouterr()
@@ -115,7 +115,7 @@ def test_a_retry_follows_the_driver_a_crashed_try_left_running_instead_of_submit
 
     assert len(slow.calls()) == 1  # one Spark application
     assert (result["skipped"], result["tableVersion"]) == (False, 1)
-    assert result["stageTimesMs"] == {"MERGE operation - committing": 12}
+    assert result["stageTimesMs"] == [{"stage": "MERGE operation - committing", "ms": 12}]
     commit = find_merge_commit(table, app_id=APP_ID, app_version=0)
     assert commit is not None
     assert commit.version == 1

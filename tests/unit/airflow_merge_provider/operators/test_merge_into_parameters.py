@@ -68,6 +68,88 @@ def test_a_misspelt_argument_names_the_option_or_parameter_meant(tmp_path: Path)
         MergeCommitSensor(task_id="wait", target="/t", app_id="a", poke_intervall=5)
 
 
+# What a newcomer brings from SparkSubmitOperator, the Databricks and SQL providers and Delta, and the hint.
+BROUGHT_FROM_ELSEWHERE = [
+    ("spark_conn_id", "did you mean 'conn_id'?"),
+    ("conn", "did you mean 'conn_id'?"),
+    ("databricks_conn_id", "did you mean 'conn_id'?"),
+    ("target_table", "did you mean 'target'?"),
+    ("table", "did you mean 'target'?"),
+    ("targetTable", "did you mean 'target'?"),
+    ("target_tabel", "did you mean 'target'?"),
+    ("sql", "did you mean 'merge_sql'?"),
+    ("query", "did you mean 'merge_sql'?"),
+    ("source_table", "did you mean 'source'?"),
+    ("retry", "did you mean 'retries'?"),
+    ("conf", "did you mean 'spark_conf'?"),
+    ("wait_for_termination", "did you mean 'wait_for_completion'?"),
+    ("application_args", "the operator submits its own packaged merge job"),
+    ("py_files", "the operator submits its own packaged merge job"),
+    ("storage_options", "target={'uri': ..., 'storage_options': {...}}"),
+    ("mergeSchema", "pass options={'schema_evolution': True}"),
+    ("merge_keys", "the keys go in the ON condition"),
+    ("partition_by", "the target table's own partitioning"),
+]
+
+
+@pytest.mark.parametrize(("name", "hint"), BROUGHT_FROM_ELSEWHERE, ids=[n for n, _ in BROUGHT_FROM_ELSEWHERE])
+def test_an_argument_named_as_other_operators_name_it_is_pointed_to_this_ones(
+    tmp_path: Path, name: str, hint: str
+) -> None:
+    with pytest.raises(TypeError) as refused:
+        merge_operator(tmp_path, **{name: "x"})
+    prefix = f"MergeIntoOperator: unknown argument {name!r}; "
+    assert str(refused.value).startswith(prefix)
+    assert hint in str(refused.value).removeprefix(prefix)
+
+
+@pytest.mark.parametrize(
+    ("operator", "meanings"),
+    [
+        ("MergeIntoOperator", "ARGUMENT_MEANINGS"),
+        ("MergeCommitSensor", "SENSOR_ARGUMENT_MEANINGS"),
+        ("MergeMetricsBranchOperator", "BRANCH_ARGUMENT_MEANINGS"),
+    ],
+)
+def test_every_meaning_names_a_parameter_the_operator_takes_or_says_where_the_setting_lives(
+    operator: str, meanings: str
+) -> None:
+    import airflow_merge_provider.operators.merge_into as merge_into
+    import airflow_merge_provider.operators.merge_metrics_branch as branch
+    import airflow_merge_provider.sensors.merge_commit as sensor
+    from airflow_merge_provider.argument_check import _parameters
+
+    module = {"MergeIntoOperator": merge_into, "MergeCommitSensor": sensor,
+              "MergeMetricsBranchOperator": branch}[operator]  # fmt: skip
+    cls, table = getattr(module, operator), getattr(module, meanings)
+    known = _parameters(cls)
+    wrong = {alias: meant for alias, meant in table.items()
+             if alias in known or (" " not in meant and meant not in known)}  # fmt: skip
+    # An alias the operator takes would never reach the hint; a one-word meaning must be a parameter.
+    assert wrong == {}
+
+
+def test_the_sensor_and_the_branch_point_to_their_own_parameters() -> None:
+    from airflow.sdk import DAG
+
+    from airflow_merge_provider.operators.merge_metrics_branch import MergeMetricsBranchOperator
+
+    with pytest.raises(TypeError, match=r"^MergeCommitSensor: unknown argument 'table'; did you mean "
+                                        r"'target'\?$"):  # fmt: skip
+        MergeCommitSensor(task_id="wait", table="/t", app_id="a")
+    with pytest.raises(TypeError, match=r"^MergeCommitSensor: missing keyword argument 'target'$"):
+        MergeCommitSensor(task_id="wait", app_id="a")
+    with (
+        DAG("dag", schedule=None),
+        pytest.raises(TypeError, match=r"unknown argument 'true_branch'; did you mean "
+                                       r"'follow_task_ids_if_true'\?"),  # fmt: skip
+    ):
+        MergeMetricsBranchOperator(
+            task_id="branch", merge_task_id="merge", condition=lambda m: True, true_branch="audit",
+            follow_task_ids_if_false="done",
+        )  # fmt: skip
+
+
 def test_default_args_and_airflow_parameters_still_pass(tmp_path: Path) -> None:
     op = merge_operator(tmp_path, retries=2, durable=False, default_args={"owner": "ledger", "durable": True})
     assert (op.retries, op.owner, op.durable) == (2, "ledger", False)

@@ -1,4 +1,5 @@
-"""The operator refuses every statement Spark refuses, after templating and before anything is launched."""
+"""The operator refuses every statement Spark refuses: a literal one when the DAG file is parsed (the
+operator's construction), a templated one after rendering and before anything is launched."""
 
 from __future__ import annotations
 
@@ -17,7 +18,29 @@ from tests.unit.airflow_merge_provider.operators.test_merge_into import _operato
 @pytest.mark.parametrize(
     ("sql", "quoted"), INVALID_STATEMENTS, ids=[sql.removeprefix(HEAD)[:60] for sql, _ in INVALID_STATEMENTS]
 )
-def test_each_invalid_statement_fails_the_task_without_retry_and_without_spark(
+def test_each_invalid_literal_statement_is_refused_when_the_dag_file_is_parsed(
+    tmp_path: Path, fake_spark_submit: SimpleNamespace, sql: str, quoted: str
+) -> None:
+    with pytest.raises(MergeSpecInvalidError) as error:
+        _operator(tmp_path, fake_spark_submit, merge_sql=sql)
+
+    assert str(error.value).startswith("Invalid merge_sql for task merge: ")
+    assert quoted in str(error.value)
+    assert fake_spark_submit.calls() == []
+
+
+def test_a_syntax_error_in_a_literal_statement_names_its_line_and_column(
+    tmp_path: Path, fake_spark_submit: SimpleNamespace
+) -> None:
+    sql = "MERGE INTO t USING s ON t.id = s.id\nWHEN MATCHED THEN UPDTE SET *"
+    with pytest.raises(MergeSpecInvalidError, match=r"at or near 'UPDTE'.* at line 2, column 19"):
+        _operator(tmp_path, fake_spark_submit, merge_sql=sql)
+
+
+@pytest.mark.parametrize(
+    ("sql", "quoted"), INVALID_STATEMENTS, ids=[sql.removeprefix(HEAD)[:60] for sql, _ in INVALID_STATEMENTS]
+)
+def test_each_invalid_templated_statement_fails_the_task_without_retry_and_without_spark(
     tmp_path: Path,
     make_context: ContextFactory,
     fake_spark_submit: SimpleNamespace,
@@ -25,7 +48,8 @@ def test_each_invalid_statement_fails_the_task_without_retry_and_without_spark(
     sql: str,
     quoted: str,
 ) -> None:
-    op = _operator(tmp_path, fake_spark_submit, merge_sql=sql)
+    # A Jinja comment makes it a template (rendered to the same statement): checked once rendered.
+    op = _operator(tmp_path, fake_spark_submit, merge_sql=sql + "{# checked after rendering #}")
     context = make_context()
     op.render_template_fields(context)
 

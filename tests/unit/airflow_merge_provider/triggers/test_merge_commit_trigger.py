@@ -29,7 +29,8 @@ async def _events(trigger: MergeCommitTrigger, *, limit: float = 30) -> list[dic
 def test_serialize_round_trip() -> None:
     trigger = MergeCommitTrigger(
         target="s3://bucket/t", app_id="a", app_version=3, after_version=None,
-        storage_options={"AWS_REGION": "eu-west-1"}, aws_conn_id="lake", poll_interval=5.0, deadline=1234.5,
+        storage_options={"AWS_REGION": "eu-west-1"}, aws_conn_id="lake", azure_conn_id="lake_adls",
+        poll_interval=5.0, deadline=1234.5,
     )  # fmt: skip
     classpath, kwargs = trigger.serialize()
     assert classpath == "airflow_merge_provider.triggers.merge_commit.MergeCommitTrigger"
@@ -38,8 +39,8 @@ def test_serialize_round_trip() -> None:
     assert again.serialize() == (classpath, kwargs)
     assert kwargs == {
         "target": "s3://bucket/t", "app_id": "a", "app_version": 3, "after_version": None,
-        "storage_options": {"AWS_REGION": "eu-west-1"}, "aws_conn_id": "lake", "poll_interval": 5.0,
-        "deadline": 1234.5,
+        "storage_options": {"AWS_REGION": "eu-west-1"}, "aws_conn_id": "lake", "azure_conn_id": "lake_adls",
+        "poll_interval": 5.0, "deadline": 1234.5,
     }  # fmt: skip
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 from deltalake import DeltaTable, write_deltalake
@@ -188,3 +189,50 @@ def test_not_matched_by_source_rewrites_every_file_without_resurrecting(
     assert removes[by_letter["b"]]["deletionVector"] == dv_b
     assert "deletionVector" not in removes[by_letter["c"]]
     assert all("deletionVector" not in a for a in _adds(path, metrics))
+
+
+def _move_vector_to_an_absolute_path(path: Path, folder: Path, spelling: str) -> dict[str, Any]:
+    """Move file a's vector file to ``folder`` under a name with a space and a percent sign, and give its
+    descriptor storage type ``p`` and that absolute path, spelled as ``spelling`` says: ``hadoop`` as
+    Delta writes it (Hadoop's Path.toUri: ``file:/...``, ``&`` kept), ``rfc8089`` as ``file:///...`` with
+    every reserved character percent-encoded."""
+    (dv_file,) = list(path.rglob("*.bin"))
+    folder.mkdir(parents=True)
+    moved = folder / "deletion_vector_a b%.bin"
+    dv_file.rename(moved)
+    uri = "file:" + quote(str(moved), safe="/&") if spelling == "hadoop" else moved.as_uri()
+    commit = sorted((path / "_delta_log").glob("*.json"))[-1]
+    actions = [json.loads(line) for line in commit.read_text(encoding="utf-8").splitlines()]
+    for action in actions:
+        vector = action.get("add", {}).get("deletionVector")
+        if vector is not None and vector["storageType"] == "u":
+            vector.update(storageType="p", pathOrInlineDv=uri)
+            descriptor = dict(vector)
+    commit.write_text("".join(json.dumps(a) + "\n" for a in actions), encoding="utf-8")
+    return descriptor
+
+
+@pytest.mark.parametrize("spelling", ["hadoop", "rfc8089"])
+def test_a_vector_at_an_absolute_percent_encoded_path_is_read_and_honoured(
+    spark: Any, target: Any, tmp_path: Path, spelling: str
+) -> None:
+    path, by_letter, _ = target
+    descriptor = _move_vector_to_an_absolute_path(path, tmp_path / "folder&with%special char", spelling)
+    assert "%25" in descriptor["pathOrInlineDv"]
+    assert "%20" in descriptor["pathOrInlineDv"]
+    assert rows(path) == LIVE  # deltalake and DuckDB's Delta extension apply it
+
+    snapshot = load_snapshot(str(path))
+    assert deleted_rows(log_store(snapshot.table_uri), snapshot.table_uri,
+                        DeletionVector.from_action(descriptor)) == [1, 3]  # fmt: skip
+    source = parquet_source(tmp_path / "s", kv([(2, "X"), (3, "C")]))
+    metrics = merge(
+        spark, path, source,
+        "MERGE INTO t USING s ON t.id = s.id WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *",
+    )  # fmt: skip
+    # id 2 stays deleted (inserted anew), id 4 stays deleted, id 3 is updated.
+    assert rows(path) == sorted([(1, "a"), (2, "X"), (3, "C"), (5, "a"), *LIVE[3:]])
+    assert row_metrics(metrics) == expected_rows(
+        numSourceRows=2, numTargetRowsMatchedUpdated=1, numTargetRowsInserted=1, numTargetRowsCopied=2
+    )
+    assert _removes(path, metrics)[by_letter["a"]]["deletionVector"] == descriptor
