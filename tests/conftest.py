@@ -1,5 +1,6 @@
-"""Shared fixtures (one local SparkSession and one standalone cluster per test session, temp table roots),
-and the test tiers: each test is marked by what it uses, and a fast test cannot start a JVM or a server.
+"""Shared fixtures (one local SparkSession with Delta loaded and one standalone cluster per test session,
+temp table roots), and the test tiers: each test is marked by what it uses, and a fast test cannot start a
+JVM or a server.
 
 - ``spark``: the test uses the shared SparkSession (the ``spark`` fixture, directly or through another).
 - ``integration``: the test lives under ``tests/integration/`` (real spark-submit, the airflow CLI, an
@@ -12,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,16 +36,26 @@ if TYPE_CHECKING:
 def _spark_builder() -> Any:
     from pyspark.sql import SparkSession
 
+    from tests.support.delta_spark import delta_session_confs
     from tests.support.jvm import fast_jvm_options
 
+    builder = SparkSession.builder
+    # Delta's extension and catalog (tests/support/delta_spark.py), as on a cluster that has Delta: every
+    # test of the job runs in such a session (the job runs there unchanged), and Delta's own MERGE, the
+    # reference, runs beside it. The job's runs without Delta are its spark-submits and the example.
+    for key, value in delta_session_confs().items():
+        builder = builder.config(key, value)
     return (
-        SparkSession.builder.master("local[2]")
+        builder.master("local[2]")
         .appName("airflow-merge-provider-tests")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.default.parallelism", "2")
         .config("spark.ui.enabled", "false")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.driver.memory", "2g")
+        # Tables registered in the session's catalog (Delta's MERGE of a scenario) put their database here,
+        # not in the working directory.
+        .config("spark.sql.warehouse.dir", tempfile.mkdtemp(prefix="spark-warehouse-"))
         # The JIT's first tier, the serial collector and the class archive (tests/support/jvm.py): the
         # suite is CPU-bound on 2 cores (the Spark unit tests of analysis/ and merge/ took 150 s instead of
         # 197 s on two workers with the first two).

@@ -13,6 +13,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from tests.support.delta_spark import delta_session_confs
 from tests.support.jvm import fast_jvm_options
 from tests.support.local_servers import free_port, wait_for_port
 from tests.support.submit_harness import PYTHON, SPARK_SUBMIT
@@ -25,7 +26,8 @@ _SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 
 class ConnectServer:
     """One Spark Connect server (``local[2]``, as the tests' classic session: the same parallelism, so the
-    same files written) with its log at ``root / "server.log"``.
+    same files written; Delta's extension and catalog loaded, as there) with its log at
+    ``root / "server.log"``.
 
     The token is given in the server's environment (``SPARK_CONNECT_AUTHENTICATE_TOKEN``), never on its
     command line. Its Python workers run this interpreter without this tree on their path: the job reaches
@@ -67,6 +69,9 @@ class ConnectServer:
             "spark.sql.session.timeZone": "UTC", "spark.driver.memory": "1g",
             "spark.driver.extraJavaOptions": fast_jvm_options(), "spark.python.worker.reuse": "true",
             "spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factoryMode": "NO_CODEGEN",
+            # Delta's extension and catalog, as on a cluster that has Delta: the job runs there unchanged,
+            # and Delta's own MERGE runs beside it.
+            **delta_session_confs(),
         }  # fmt: skip
         command = [str(SPARK_SUBMIT), "--master", "local[2]", "--class", _SERVER_CLASS]
         for key, value in confs.items():
