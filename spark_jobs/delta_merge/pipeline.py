@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 from typing import Any
 
@@ -26,7 +26,7 @@ from spark_jobs.delta_merge.source.materialize import (
     MaterializedSourceLostError,
     materialize_source,
     read_source,
-    read_statement_source,
+    statement_source,
     storage_level_for_attempt,
 )
 from spark_jobs.delta_merge.spec import MergeSpec, ParsedMerge
@@ -147,49 +147,52 @@ def _run_attempt(
     log.info(
         "MERGE into %s at version %d (%d files)", spec.target.uri, snapshot.version, len(snapshot.files)
     )
-    with stage("MERGE operation - resolving the statement"):
-        source_read = read_source(spark, spec.source)
-        if parsed.source_query is not None:
-            source_read = read_statement_source(spark, source_read, parsed.source_query)
-        plan = resolve_merge(
-            spark, parsed, target_schema=snapshot.schema, source_schema=source_read.df.schema,
-            options=spec.options,
+    # The statement's USING query names the spec's source as a view, which lives as long as the attempt.
+    with ExitStack() as statement_view:
+        with stage("MERGE operation - resolving the statement"):
+            source_read = read_source(spark, spec.source)
+            if parsed.source_query is not None:
+                source_read = statement_view.enter_context(
+                    statement_source(spark, source_read, parsed.source_query))
+            plan = resolve_merge(
+                spark, parsed, target_schema=snapshot.schema, source_schema=source_read.df.schema,
+                options=spec.options,
+            )
+            # New columns of a column-mapped table need their physical names before anything is written.
+            mapped = map_new_fields(snapshot.configuration, snapshot.schema, plan.final_schema,
+                                    mode=snapshot.column_mapping_mode)
+            plan = replace(plan, final_schema=mapped)
+        with stage("MERGE operation - materializing the source"):
+            source = materialize_source(
+                source_read, columns=plan.source_columns, options=spec.options,
+                insert_only=parsed.is_insert_only, attempt=attempt,
+            )
+        log.info("source prepared: materialized=%s (%s)%s", source.materialized, source.reason,
+                 f", storage level {source.storage_level}" if source.materialized else "")
+        try:
+            outcome = execute_merge(
+                spark, source.df, snapshot=snapshot, plan=plan,
+                target_file_size=_target_file_size(spec, snapshot), dry_run=spec.options.dry_run,
+                broadcast_source=source.fits_a_broadcast(spark), source_row_id=source.row_id_column,
+            )
+        except Exception as exc:
+            source.raise_if_blocks_lost(exc)
+            raise
+        finally:
+            source.release()
+        metrics = outcome.metrics.with_values(
+            materializeSourceReason=source.reason,
+            materializeSourceTimeMs=source.materialize_time_ms,
+            readVersion=snapshot.version,
+            executionTimeMs=int((time.monotonic() - started) * 1000),
         )
-        # New columns of a column-mapped table need their physical names before anything is written.
-        mapped = map_new_fields(snapshot.configuration, snapshot.schema, plan.final_schema,
-                                mode=snapshot.column_mapping_mode)
-        plan = replace(plan, final_schema=mapped)
-    with stage("MERGE operation - materializing the source"):
-        source = materialize_source(
-            source_read, columns=plan.source_columns, options=spec.options,
-            insert_only=parsed.is_insert_only, attempt=attempt,
-        )
-    log.info("source prepared: materialized=%s (%s)%s", source.materialized, source.reason,
-             f", storage level {source.storage_level}" if source.materialized else "")
-    try:
-        outcome = execute_merge(
-            spark, source.df, snapshot=snapshot, plan=plan,
-            target_file_size=_target_file_size(spec, snapshot), dry_run=spec.options.dry_run,
-            broadcast_source=source.fits_a_broadcast(spark), source_row_id=source.row_id_column,
-        )
-    except Exception as exc:
-        source.raise_if_blocks_lost(exc)
-        raise
-    finally:
-        source.release()
-    metrics = outcome.metrics.with_values(
-        materializeSourceReason=source.reason,
-        materializeSourceTimeMs=source.materialize_time_ms,
-        readVersion=snapshot.version,
-        executionTimeMs=int((time.monotonic() - started) * 1000),
-    )
-    if not parsed.is_insert_only and metrics.numSourceRowsInSecondScan != metrics.numSourceRows:
-        # Delta's best-effort check (it fails only under merge.failIfSourceChanged, off by default).
-        log.warning("the source had %d rows in the first scan but %d in the second: it changed between "
-                    "the scans (materialized: %s)", metrics.numSourceRows, metrics.numSourceRowsInSecondScan,
-                    source.materialized)
-    check_expectations(metrics.to_dict(), spec.expected_metrics)
-    if spec.options.dry_run:
-        return metrics.with_values(dryRun=True, tableVersion=snapshot.version)
-    with stage("MERGE operation - committing"):
-        return commit_merge(spark, spec, snapshot=snapshot, plan=plan, outcome=outcome, metrics=metrics)
+        if not parsed.is_insert_only and metrics.numSourceRowsInSecondScan != metrics.numSourceRows:
+            # Delta's best-effort check (it fails only under merge.failIfSourceChanged, off by default).
+            log.warning("the source had %d rows in the first scan but %d in the second: it changed between "
+                        "the scans (materialized: %s)", metrics.numSourceRows,
+                        metrics.numSourceRowsInSecondScan, source.materialized)  # fmt: skip
+        check_expectations(metrics.to_dict(), spec.expected_metrics)
+        if spec.options.dry_run:
+            return metrics.with_values(dryRun=True, tableVersion=snapshot.version)
+        with stage("MERGE operation - committing"):
+            return commit_merge(spark, spec, snapshot=snapshot, plan=plan, outcome=outcome, metrics=metrics)

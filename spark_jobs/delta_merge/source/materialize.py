@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +36,7 @@ __all__ = [
     "SourceRead",
     "materialize_source",
     "read_source",
-    "read_statement_source",
+    "statement_source",
     "storage_level_for_attempt",
 ]
 
@@ -184,16 +185,29 @@ def read_source(spark: SparkSession, source: SourceSpec) -> SourceRead:
         ) from exc
 
 
-def read_statement_source(spark: SparkSession, source: SourceRead, query: str) -> SourceRead:
+@contextmanager
+def statement_source(spark: SparkSession, source: SourceRead, query: str) -> Iterator[SourceRead]:
     """The statement's USING subquery (or CTE), run over the spec's source under the name ``source``.
 
-    The view is dropped as soon as the query is analyzed: the analyzed plan holds the source itself, so
-    later scans (the second scan, a retry's re-read) never look the name up again.
+    The view lives as long as the block: a Spark Connect DataFrame of ``spark.sql`` keeps the query's text
+    and is analyzed again each time it runs (materializing it, scanning it a second time), so the name must
+    still resolve then; a classic session's analyzed plan holds the source itself.
     """
     source.df.createOrReplaceTempView(SOURCE_VIEW)
     try:
+        yield SourceRead(_analyzed_statement_source(spark, query), pinned_delta=source.pinned_delta,
+                         query_operators=True)  # fmt: skip
+    finally:
+        spark.catalog.dropTempView(SOURCE_VIEW)
+
+
+def _analyzed_statement_source(spark: SparkSession, query: str) -> DataFrame:
+    try:
         df = spark.sql(query)
-    except (AnalysisException, Py4JJavaError) as exc:
+        # A classic session analyzes in sql(); Spark Connect only when asked: the schema, here, so that a
+        # query that does not analyze fails inside this try on both.
+        df.schema  # noqa: B018
+    except (Py4JJavaError, PySparkException) as exc:
         scheme = missing_connector_scheme(exc)
         if scheme is not None:
             raise MergeAnalysisError(
@@ -208,9 +222,7 @@ def read_statement_source(spark: SparkSession, source: SourceRead, query: str) -
             f"spec's source is named `{SOURCE_VIEW}`.",
             error_class=condition.group(1) if condition else None,
         ) from exc
-    finally:
-        spark.catalog.dropTempView(SOURCE_VIEW)
-    return SourceRead(df, pinned_delta=source.pinned_delta, query_operators=True)
+    return df
 
 
 def materialize_reason(source: SourceRead, *, mode: str, insert_only: bool) -> tuple[bool, str]:
