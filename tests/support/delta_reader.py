@@ -33,6 +33,13 @@ def read_rows(
     return [[row[n] for n in names] for row in data]
 
 
+def read_table_columns(path: str | Path) -> list[str]:
+    """The table's column names, in its schema's order (deltalake)."""
+    from deltalake import DeltaTable
+
+    return [field.name for field in DeltaTable(str(path)).schema().fields]
+
+
 def table_version(path: str | Path) -> int:
     from deltalake import DeltaTable
 

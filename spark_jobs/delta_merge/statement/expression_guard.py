@@ -30,6 +30,9 @@ ExpressionContext = Literal["search condition", "clause condition", "assignment"
 ClauseAction = Literal["UPDATE", "DELETE", "INSERT"]
 
 
+# The relation a USING query names the spec's source by (statement.merge_sql.SOURCE_VIEW, which imports this).
+_SOURCE_RELATION = "source"
+
 def _names(text: str) -> frozenset[str]:
     return frozenset(text.split())
 
@@ -255,6 +258,10 @@ def _check_self_contained(node: exp.Expr, *, field: str, where: str) -> None:
         name = ".".join(f"`{part.name}`" for part in table.parts)
         # A merge alias names a row, not a relation, so Spark's analyzer reports the relation as missing.
         message += f" The subquery reads {name}: The table or view {name} cannot be found."
+        if [part.name.lower() for part in table.parts] != [_SOURCE_RELATION]:
+            # Delta's analyzer fails on the missing relation before it looks at where the subquery is (Delta
+            # 4.4: TABLE_OR_VIEW_NOT_FOUND); the job's only relation is the spec's source.
+            subquery_class = "TABLE_OR_VIEW_NOT_FOUND"
     raise MergeSpecError(message, error_class=subquery_class)
 
 
@@ -323,10 +330,12 @@ def _check_functions(node: exp.Expr, *, field: str, where: str, condition: bool)
 def _check_row_level(node: exp.Expr, *, field: str, where: str, condition: bool) -> None:
     invalid = [render_expression(window) for window in node.find_all(exp.Window)]
     aggregates = False
+    generators_only = not invalid
     for func, name in _calls(node):
         if func.find_ancestor(exp.Window) is not None:
             continue
         aggregates = aggregates or name in AGGREGATE_FUNCTIONS
+        generators_only = generators_only and name not in AGGREGATE_FUNCTIONS | _WINDOW_FUNCTIONS
         if name in AGGREGATE_FUNCTIONS or name in _WINDOW_FUNCTIONS or name in _GENERATOR_FUNCTIONS:
             invalid.append(render_expression(func))
     if not invalid:
@@ -339,5 +348,9 @@ def _check_row_level(node: exp.Expr, *, field: str, where: str, condition: bool)
         )
     raise MergeSpecError(
         f"{field}: expected an expression evaluated per merged row, found window, aggregate or generator "
-        f"functions in the {where}. Invalid expressions: [{listed}]"
+        f"functions in the {where}. A query operator contains one or more unsupported expressions. Invalid "
+        f"expressions: [{listed}]",
+        # Delta 4.4's classes: Spark's analyzer refuses a generator outside a SELECT before Delta looks.
+        error_class=("UNSUPPORTED_GENERATOR.OUTSIDE_SELECT" if generators_only
+                     else "UNSUPPORTED_EXPR_FOR_OPERATOR"),
     )

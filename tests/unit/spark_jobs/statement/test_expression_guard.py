@@ -119,6 +119,14 @@ def test_subqueries_name_the_relation_spark_cannot_find(text: str, relation: str
         "clauses[0].condition: Subqueries are not supported in the UPDATE condition of MERGE operation"
     )
     assert f"The table or view {relation} cannot be found" in message
+    # Delta 4.4's class: its analyzer fails on the missing relation first.
+    assert error.value.error_class == "TABLE_OR_VIEW_NOT_FOUND"
+
+
+def test_a_subquery_over_the_source_relation_is_delta_s_unsupported_subquery() -> None:
+    with pytest.raises(MergeSpecError) as error:
+        check_expression("(SELECT max(v) FROM source)", field="f", context="assignment")
+    assert error.value.error_class == "DELTA_UNSUPPORTED_SUBQUERY"
 
 
 def test_subquery_from_the_task_brief() -> None:
@@ -182,9 +190,17 @@ def test_window_function_in_assignment() -> None:
         check_expression("row_number() over (order by s.c)", field="f", context="assignment")
     assert error.value.bare_message == (
         "f: expected an expression evaluated per merged row, found window, aggregate or generator functions "
-        "in the assignments of MERGE operation (value = ROW_NUMBER() OVER (ORDER BY s.c)). "
+        "in the assignments of MERGE operation (value = ROW_NUMBER() OVER (ORDER BY s.c)). A query operator "
+        "contains one or more unsupported expressions. "
         'Invalid expressions: ["ROW_NUMBER() OVER (ORDER BY s.c)"]'
     )
+    assert error.value.error_class == "UNSUPPORTED_EXPR_FOR_OPERATOR"
+
+
+def test_a_generator_in_an_assignment_has_spark_s_generator_class() -> None:
+    with pytest.raises(MergeSpecError) as error:
+        check_expression("explode(array(1))", field="f", context="assignment")
+    assert error.value.error_class == "UNSUPPORTED_GENERATOR.OUTSIDE_SELECT"
 
 
 @pytest.mark.parametrize(

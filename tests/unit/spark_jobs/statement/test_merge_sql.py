@@ -544,7 +544,8 @@ def test_source_subquery_in_using_is_the_source_query() -> None:
             "merge_sql WHEN clause 1 SET b: expected an expression evaluated per merged row, found window, "
             "aggregate or generator functions in the assignments of MERGE operation (value = ROW_NUMBER() "
             "OVER "
-            '(ORDER BY s.c)). Invalid expressions: ["ROW_NUMBER() OVER (ORDER BY s.c)"]',
+            "(ORDER BY s.c)). A query operator contains one or more unsupported expressions. Invalid "
+            'expressions: ["ROW_NUMBER() OVER (ORDER BY s.c)"]',
         ),
         (
             HEAD + "WHEN NOT MATCHED THEN INSERT (v) VALUES (my_udf(s.v))",
