@@ -1,10 +1,13 @@
-"""The merge job against delta-rs's own MERGE (an independent implementation) on seeded random merges.
+"""The merge job against delta-rs's own MERGE (an independent implementation) and Delta's own MERGE
+(delta-spark 4.4, the reference) on seeded random merges.
 
-Each case builds the same target twice (1-3 files, partitioned or not, NULL keys, duplicate target keys),
-runs one random merge through the job (``merge_sql``) and the same merge through ``DeltaTable.merge``,
-and compares the rows left and the row-level metrics, on the classic session (every case) and a Spark
-Connect session (a quarter of them: ``SESSION_CASES``). The ON condition is the key equality, sometimes with a
-target-only, source-only or partition conjunct (what the job prunes files and partitions by).
+Each case builds the same target three times (1-3 files, partitioned or not, NULL keys, duplicate target
+keys), runs one random merge through the job (``merge_sql``), the same merge through ``DeltaTable.merge``
+and, on the classic session (which has Delta loaded), through Delta's ``MERGE INTO``, and compares the rows
+left and the row-level metrics (Delta's: its commit's ``operationMetrics``), on the classic session (every
+case) and a Spark Connect session (a quarter of them: ``SESSION_CASES``). The ON condition is the key
+equality, sometimes with a target-only, source-only or partition conjunct (what the job prunes files and
+partitions by).
 
 Where delta-rs and Delta disagree, the generator stays on the shapes both agree on:
 
@@ -38,6 +41,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.support.delta_reader import read_table, table_version
+from tests.support.delta_reference import delta_merge_outcome
 
 NUM_CASES = int(os.environ.get("MERGE_DIFFERENTIAL_CASES", "40"))
 COLUMNS = ("id", "value", "name", "part")
@@ -49,6 +53,13 @@ ON_EXTRAS = (
     "t.part = s.part", "t.part = '{part}'", "t.value > {k}", "t.value IS NOT NULL", "s.value < {k}",
     "(t.part = '{part}' OR s.value > {k})",
 )
+# The row metrics Delta's MERGE records, compared with the job's name by name (the file and byte metrics
+# depend on each writer's layout: tests/integration/spark_connect/test_session_kinds.py).
+DELTA_ROW_METRICS = (
+    "numSourceRows", "numTargetRowsInserted", "numTargetRowsUpdated", "numTargetRowsDeleted",
+    "numTargetRowsMatchedUpdated", "numTargetRowsMatchedDeleted", "numTargetRowsNotMatchedBySourceUpdated",
+    "numTargetRowsNotMatchedBySourceDeleted", "numTargetRowsCopied", "numTargetFilesRemoved",
+)  # fmt: skip
 # (job metric, delta-rs metric)
 METRICS = (
     ("numTargetRowsInserted", "num_target_rows_inserted"),
@@ -365,8 +376,18 @@ def test_same_as_delta_rs(
     case = generate_case(seed)
     ours, theirs, spec = prepare_case(tmp_path, case)
     where = case.describe()
+    before = table_version(ours)
+    delta: dict[str, Any] | None = None
+    if request.node.callspec.params["merge_spark"] == "classic":
+        # Delta's own MERGE on a third copy, in this session (it has Delta loaded).
+        _write_target(tmp_path / "delta", case)
+        source = merge_spark.read.parquet(spec["source"]["uri"])
+        delta = delta_merge_outcome(merge_spark, tmp_path / "delta", case.merge_sql(), source)
 
     if case.expect_multiple_match_error:
+        if delta is not None:
+            conditions = delta.get("error", ({},))[0]
+            assert "DELTA_MULTIPLE_SOURCE_ROW_MATCHING_TARGET_ROW_IN_MERGE" in conditions, where
         with pytest.raises(Exception, match=r"(?i)multiple source rows") as delta_rs_error:
             _run_delta_rs(theirs, case)
         assert "DeltaError" in type(delta_rs_error.value).__name__, where
@@ -388,3 +409,12 @@ def test_same_as_delta_rs(
     assert metrics["numTargetRowsDeleted"] == (
         metrics["numTargetRowsMatchedDeleted"] + metrics["numTargetRowsNotMatchedBySourceDeleted"]
     ), where
+    if delta is not None:
+        assert "error" not in delta, f"{where}\n  Delta: {delta.get('error')}"
+        assert _rows(tmp_path / "delta") == _rows(ours), where
+        # A merge that changes nothing records no version in Delta (skipRecordingEmptyCommits) nor the job.
+        assert delta["version"] - before == table_version(ours) - before in (0, 1), where
+        if delta["version"] > before:
+            differing = {name: (metrics[name], delta["metrics"].get(name)) for name in DELTA_ROW_METRICS
+                         if metrics[name] != delta["metrics"].get(name)}  # fmt: skip
+            assert differing == {}, f"(job, Delta) {where}"
