@@ -180,21 +180,26 @@ def _canonical_merge(parsed: ParsedMerge) -> str:
     source = format_column_path([parsed.source_alias])
     evolution = " WITH SCHEMA EVOLUTION" if parsed.schema_evolution else ""
     parts = [f"MERGE{evolution} INTO target {target} USING source {source} ON {parsed.condition}"]
-    parts += [_clause_sql(clause) for clause in parsed.clauses]
+    parts += [_clause_sql(clause, parsed.target_alias) for clause in parsed.clauses]
     return "\n".join(parts)
 
 
-def _clause_sql(clause: MergeClause) -> str:
+def _clause_sql(clause: MergeClause, target_alias: str) -> str:
     condition = f" AND {clause.condition}" if clause.condition is not None else ""
     head = f"{_KINDS_SQL[clause.when]}{condition} THEN "
+    # Each column qualified by the target alias, which Spark drops once: a column whose first part is
+    # named like the alias (the struct column `target` of a table aliased `target`) keeps that part.
+    def column(path: tuple[str, ...]) -> str:
+        return format_column_path([target_alias, *path])
+
     if clause.action == "update":
         return (
             head
             + "UPDATE SET "
-            + ", ".join(f"{format_column_path(a.column)} = {a.value}" for a in clause.assignments)
+            + ", ".join(f"{column(a.column)} = {a.value}" for a in clause.assignments)
         )
     if clause.action == "insert":
-        columns = ", ".join(format_column_path(a.column) for a in clause.assignments)
+        columns = ", ".join(column(a.column) for a in clause.assignments)
         return head + f"INSERT ({columns}) VALUES ({', '.join(a.value for a in clause.assignments)})"
     return head + _ACTION_SQL[clause.action]
 
@@ -288,8 +293,9 @@ def _check_relation(
     head = relation[0]
     spark_alias: str | None = None
     inner = head
-    if head.startswith("'SubqueryAlias "):
-        spark_alias = head.removeprefix("'SubqueryAlias ").strip().strip("`")
+    # Unresolved ('SubqueryAlias), or resolved already where the query reads no relation (SELECT 5 AS k).
+    if head.lstrip("'").startswith("SubqueryAlias "):
+        spark_alias = head.lstrip("'").removeprefix("SubqueryAlias ").strip().strip("`")
         inner = relation[1].lstrip("+- :") if len(relation) > 1 else ""
     if head.startswith("'UnresolvedRelation ["):
         spark_alias = _relation_name(head)

@@ -136,12 +136,13 @@ def test_each_scenario_has_deltas_outcome_on_both_session_kinds(
             assert connected["metrics"][name] == value, name
 
 
-def _statement_source_scenario(name: str, merge_sql: str, expected: list[list[int]]) -> dict[str, Any]:
+def _statement_source_scenario(name: str, merge_sql: str, expected: list[list[Any]], **tables: Any
+                               ) -> dict[str, Any]:  # fmt: skip
     return {
         "id": name, "target_schema": "key INT, value INT", "target_partition_by": [],
         "target_rows": [[1, 10], [2, 20], [3, 30]], "source_schema": "key INT, value INT",
         "source_rows": [[1, 100], [2, 200], [4, 400]], "merge_sql": merge_sql, "conf": {},
-        "expected_rows": expected,
+        "expected_rows": expected, **tables,
     }  # fmt: skip
 
 
@@ -156,16 +157,30 @@ STATEMENT_SOURCES = [
         "MERGE INTO target t USING (WITH doubled AS (SELECT key, value * 2 AS value FROM source "
         f"WHERE key < 4) SELECT * FROM doubled) s {UPSERT_CLAUSES}",
         [[1, 200], [2, 400], [3, 30]]),
+    # Statements Delta merges that the check of the operator's parse against Spark's once refused.
+    _statement_source_scenario(
+        "source-query-of-literals",
+        "MERGE INTO target as trg USING (SELECT 5 as key1, 5 as value) src ON src.key1 = trg.key2 WHEN "
+        "MATCHED THEN UPDATE SET trg.key2 = 20 + key1, value = 20 + src.value WHEN NOT MATCHED THEN INSERT "
+        "(trg.key2, value) VALUES (key1 - 10, src.value + 10)",
+        [[1, 1], [25, 25]], target_schema="key2 INT, value INT", target_rows=[[1, 1], [5, 7]]),
+    _statement_source_scenario(
+        "struct-column-named-like-the-table",
+        "MERGE INTO target USING source ON 1 = 1 WHEN MATCHED THEN UPDATE SET target.target.a = "
+        "source.target.a",
+        [[1, {"a": 8, "b": 3}]], target_schema="a INT, target STRUCT<a: INT, b: INT>",
+        target_rows=[[1, {"a": 2, "b": 3}]], source_schema="a INT, target STRUCT<a: INT, b: INT>",
+        source_rows=[[9, {"a": 8, "b": 7}]]),
 ]
 
 
 @pytest.mark.parametrize("scenario", STATEMENT_SOURCES, ids=[s["id"] for s in STATEMENT_SOURCES])
-def test_a_using_subquery_or_cte_over_the_source_merges_on_both_session_kinds_as_through_delta(
+def test_statements_with_a_source_query_or_names_like_the_aliases_merge_as_through_delta(
     spark: Any, connect_server: ConnectServer, connect_client: Any, tmp_path: Path, scenario: dict[str, Any]
 ) -> None:
-    """A Connect DataFrame of ``spark.sql`` is analyzed again each time it runs, so the ``source`` view its
-    query names must outlive its first analysis (the job once dropped it there: TABLE_OR_VIEW_NOT_FOUND on
-    Connect only)."""
+    """On both session kinds. A Connect DataFrame of ``spark.sql`` is analyzed again each time it runs, so
+    the ``source`` view its query names must outlive its first analysis (the job once dropped it there:
+    TABLE_OR_VIEW_NOT_FOUND on Connect only)."""
     create_target(spark, tmp_path / "target", scenario)
     shutil.copytree(tmp_path / "target", tmp_path / "connect")
     shutil.copytree(tmp_path / "target", tmp_path / "delta")

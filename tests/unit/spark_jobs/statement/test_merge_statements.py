@@ -109,7 +109,15 @@ VALID = [
     "MERGE INTO target t USING d ON t.id = d.k WHEN MATCHED THEN DELETE",
     "MERGE INTO target t USING source s ON NULL WHEN NOT MATCHED THEN INSERT *",
     "merge into target t using source s on false when matched then delete;;",
+    # Delta merges these two; Spark prints the first's source as a resolved SubqueryAlias (it reads no
+    # relation), and the second's SET column is the struct column `target` of a table aliased `target`.
+    "MERGE INTO target as trg USING (SELECT 5 as key1, 5 as value) src ON src.key1 = trg.key2 WHEN MATCHED "
+    "THEN UPDATE SET trg.key2 = 20 + key1, value = 20 + src.value WHEN NOT MATCHED THEN INSERT (trg.key2, "
+    "value) VALUES (key1 - 10, src.value + 10)",
+    "MERGE INTO target USING source ON 1 = 1 WHEN MATCHED THEN UPDATE SET target.target.a = source.target.a",
 ]
+
+
 @pytest.mark.parametrize("sql", VALID, ids=range(len(VALID)))
 def test_spark_and_the_contract_read_valid_statements_alike(spark: Any, sql: str) -> None:
     parsed = MergeSpec.from_dict(spec_for(sql)).validate()
