@@ -5,13 +5,12 @@ job's outcome is compared in (rows, error condition, version, the commit's ``ope
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from tests.support.delta_reader import read_rows, read_table_columns, table_version
-from tests.support.scenario_harness import dataframe, multiset
+from tests.support.scenario_harness import dataframe, multiset, session_confs
 
 __all__ = [
     "JOB_ONLY_METRICS", "TIME_METRICS", "delta_history_metrics", "delta_merge_outcome",
@@ -30,17 +29,6 @@ JOB_ONLY_METRICS = {
     "numTargetBytesBeforeSkipping", "numTargetBytesAfterSkipping", "numTargetPartitionsAfterSkipping",
     "numTargetPartitionsRemovedFrom", "numTargetPartitionsAddedTo", "numTargetChangeFileBytes",
 }  # fmt: skip
-
-
-@contextmanager
-def _session_confs(spark: Any, confs: Mapping[str, str]) -> Iterator[None]:
-    for name, value in confs.items():
-        spark.conf.set(name, value)
-    try:
-        yield
-    finally:
-        for name in confs:
-            spark.conf.unset(name)
 
 
 def delta_history_metrics(spark: Any, table: Path) -> dict[str, int]:
@@ -77,7 +65,7 @@ def delta_merge_outcome(
     # view's. External (LOCATION): dropping it leaves the files.
     spark.sql(f"CREATE TABLE target USING delta LOCATION '{table}'")
     try:
-        with _session_confs(spark, confs or {}):
+        with session_confs(spark, confs or {}):
             spark.sql(merge_sql).collect()
     except (Py4JJavaError, PySparkException) as error:
         message = str(error)

@@ -95,6 +95,13 @@ def scenario_confs(spark: SparkSession, scenario: Mapping[str, Any], extra: Mapp
     skipRecordingEmptyCommits, ...), and ``extra``, set on ``spark`` for the block, then unset."""
     confs = {k: str(v) for k, v in scenario.get("conf", {}).items() if k not in CONF_TO_OPTION}
     confs.update(extra or {})
+    with session_confs(spark, confs):
+        yield
+
+
+@contextmanager
+def session_confs(spark: SparkSession, confs: Mapping[str, str]) -> Iterator[None]:
+    """``confs`` set on ``spark`` for the block, then unset."""
     for name, value in confs.items():
         spark.conf.set(name, value)
     try:
