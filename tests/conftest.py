@@ -228,6 +228,9 @@ def server_group(fixtures: set[str]) -> str | None:
     return SHARED_SERVERS_GROUP if fixtures & SHARED_SERVER_FIXTURES else None
 
 
+# First: pytest-xdist's worker turns the xdist_group marks into scheduling groups in a hook of its own, which
+# runs before this file's (an initial conftest, registered earlier) unless this one says tryfirst.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         for tier in sorted(tiers_of(item)):
@@ -235,6 +238,24 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         group = server_group(fixtures_of(item))
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Under ``--dist loadgroup``, pytest-xdist's worker appends each test's group to its id (``...@group``),
+    which is how the scheduler keeps a group on one worker. Where it could not (pytest 9.2 with
+    pytest-xdist 3.8), each worker would start every shared server of its own: refuse the run instead."""
+    if not session.config.getoption("loadgroup", default=False):
+        return
+    ungrouped = [item.nodeid for item in session.items
+                 if item.get_closest_marker("xdist_group") and "@" not in item.nodeid]  # fmt: skip
+    if ungrouped:
+        reason = (
+            f"pytest-xdist did not group {len(ungrouped)} tests (first: {ungrouped[0]}): with this pytest "
+            f"{pytest.__version__} and pytest-xdist, --dist loadgroup would run each shared server's tests "
+            "on both workers. Use the versions the dev extra pins (pip install -e '.[dev]')."
+        )
+        print(reason, file=sys.stderr)  # a worker's exception reaches the controller without its text
+        raise pytest.UsageError(reason)
 
 
 @pytest.fixture(autouse=True)
