@@ -71,10 +71,15 @@ def _spark_builder() -> Any:
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
     """The one SparkSession of the test session (a cold start costs ~8 s, so it is shared)."""
+    from tests.support.connect_server import connect_mode
+
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    session = _spark_builder().getOrCreate()
-    session.sparkContext.setLogLevel("WARN")
+    # Classic, even when the first test to ask for it is a Connect test inside connect_mode (a [connect]
+    # case asking for a conf fixture): there the builder would try to open a Connect session.
+    with connect_mode(enabled=False):
+        session = _spark_builder().getOrCreate()
+        session.sparkContext.setLogLevel("WARN")
     yield session
     session.stop()
     # py4j closes its last connections at interpreter exit, logging at INFO through handlers whose streams

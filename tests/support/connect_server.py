@@ -127,11 +127,15 @@ def command_lines_holding(text: str) -> list[int]:
 
 
 @contextlib.contextmanager
-def connect_mode() -> Iterator[None]:
+def connect_mode(enabled: bool = True) -> Iterator[None]:
     """pyspark's functions build Spark Connect columns inside the block, classic ones outside: one test
-    process holds both kinds of session."""
+    process holds both kinds of session. ``enabled=False``: classic inside the block, wherever it is (the
+    classic session is built so, even when a Connect test is the first to ask for it)."""
     previous = os.environ.get(_CONNECT_MODE)
-    os.environ[_CONNECT_MODE] = "1"
+    if enabled:
+        os.environ[_CONNECT_MODE] = "1"
+    else:
+        os.environ.pop(_CONNECT_MODE, None)
     try:
         yield
     finally:
