@@ -54,9 +54,10 @@ _ATOMIC = (
 # DecimalType.forType: the integer digits of the decimal that holds every value of an integral type.
 _INTEGRAL_DIGITS: dict[type[DataType], int] = {ByteType: 3, ShortType: 5, IntegerType: 10, LongType: 20}
 _OVERFLOW_CLASS = "DELTA_CAST_OVERFLOW_IN_TABLE_WRITE"
-_CANNOT_CAST_CLASS = {  # what Spark's INSERT INTO raises for a type pair the policy refuses
+_CANNOT_CAST_CLASS = {  # what Delta 4.4's MERGE raises for a type pair the policy refuses
     "ANSI": "INCOMPATIBLE_DATA_FOR_TABLE.CANNOT_SAFELY_CAST",
-    "STRICT": "INCOMPATIBLE_DATA_FOR_TABLE.CANNOT_SAFELY_CAST",
+    # Delta casts with UpCast under STRICT: Spark's INSERT INTO says CANNOT_SAFELY_CAST, Delta's MERGE this.
+    "STRICT": "CANNOT_UP_CAST_DATATYPE",
     "LEGACY": "DATATYPE_MISMATCH.CAST_WITHOUT_SUGGESTION",
 }
 _STRUCT_MISMATCH_CLASS = "DELTA_UPDATE_SCHEMA_MISMATCH_EXPRESSION"
@@ -296,6 +297,8 @@ def _cannot_cast(column: str, src: DataType, dst: DataType, policy: Policy) -> M
     source, target, name = _type_sql(src), _type_sql(dst), _column_sql(column)
     if policy == "LEGACY":
         refusal = f'Cannot resolve {name} due to data type mismatch: cannot cast "{source}" to "{target}".'
+    elif policy == "STRICT":
+        refusal = f'Cannot up cast {name} from "{source}" to "{target}".'
     else:
         refusal = (f"Cannot write incompatible data for the table the MERGE writes: Cannot safely cast "
                    f'{name} "{source}" to "{target}".')

@@ -12,7 +12,10 @@ One documented difference, Delta's own: under ANSI, Delta's MERGE (UpdateExpress
 assigns with an ANSI CAST where INSERT INTO's store assignment refuses some pairs (STRING to INT, numbers to
 BOOLEAN or TIMESTAMP, ...). For those cells the reference is INSERT INTO with that CAST written out, so
 'abc' into an INT column fails at run time with CAST_INVALID_INPUT rather than at analysis. Delta's name
-for an overflow into an integral or decimal column is DELTA_CAST_OVERFLOW_IN_TABLE_WRITE.
+for an overflow into an integral or decimal column is DELTA_CAST_OVERFLOW_IN_TABLE_WRITE. Under STRICT,
+Delta's MERGE up-casts and names a refused pair CANNOT_UP_CAST_DATATYPE, where INSERT INTO says
+CANNOT_SAFELY_CAST. A cell of each kind is also run through Delta's own MERGE (``DELTA_CELLS``), which shows
+these differences are Delta's.
 
 Kept cheap (one shared session, four rows a cell): each cell's INSERT is analyzed on its own by Spark's
 analyzer (parse and analyze, no job), the cells it accepts are inserted with one statement and merged
@@ -227,6 +230,9 @@ def reference(spark: Any, root: Path, policy: str, cells: Sequence[Cell], view: 
                     if _analysis_error(spark, insert_sql(narrow[cell.target], [i], ["d"])) is None:
                         continue  # Delta casts it
                 if refused is not None:
+                    # Delta's MERGE up-casts under STRICT, and names a refusal as UpCast does.
+                    if policy == "STRICT" and refused == "INCOMPATIBLE_DATA_FOR_TABLE.CANNOT_SAFELY_CAST":
+                        refused = "CANNOT_UP_CAST_DATATYPE"
                     outcomes[i] = Outcome("refused", refused)
             accepted = [i for i in range(len(cells)) if i not in outcomes]
             if not accepted:
@@ -487,7 +493,58 @@ def test_strict_refuses_a_string_for_a_boolean_or_int_column(
     with pytest.raises(MergeAnalysisError) as raised:
         _merge(spark, target, "SELECT * FROM VALUES (1L, 'true'), (9L, '1') AS v(id, c)", sql, "STRICT")
 
-    assert raised.value.error_class == "INCOMPATIBLE_DATA_FOR_TABLE.CANNOT_SAFELY_CAST"
-    assert f'Cannot safely cast `c` "STRING" to "{target_type}".' in str(raised.value)
+    # Delta 4.4's MERGE refuses them so (its class checked against Delta's own MERGE in
+    # test_the_store_assignment_classes_are_delta_s).
+    assert raised.value.error_class == "CANNOT_UP_CAST_DATATYPE"
+    assert f'Cannot up cast `c` from "STRING" to "{target_type}".' in str(raised.value)
     assert _state(target) == before
     assert table_version(target) == 0
+
+
+# (policy, source type, target type, source values): a cell of each kind the matrix has, through Delta's own
+# MERGE (delta-spark 4.4) beside the job's, on copies of one table.
+DELTA_CELLS = [
+    ("ANSI", "STRING", "INT", ["12", "abc"]), ("ANSI", "BIGINT", "INT", [1, 3000000000]),
+    ("ANSI", "STRING", "BOOLEAN", ["true", "x"]), ("ANSI", "TIMESTAMP", "DATE", ["2024-01-02 03:04:05"]),
+    ("STRICT", "STRING", "INT", ["12"]), ("STRICT", "BIGINT", "INT", [1]), ("STRICT", "INT", "BIGINT", [5]),
+    ("LEGACY", "STRING", "INT", ["12", "abc"]), ("LEGACY", "BIGINT", "INT", [1, 3000000000]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("policy", "source", "target", "values"), DELTA_CELLS,
+                         ids=[f"{p}-{s}-{t}" for p, s, t, _ in DELTA_CELLS])  # fmt: skip
+def test_the_store_assignment_classes_are_delta_s(
+    spark: Any, tmp_path: Path, policy: str, source: str, target: str, values: list[Any]
+) -> None:
+    """Delta refuses, fails or stores as the job does: the same error class, or the same values."""
+    import shutil
+
+    from spark_jobs.delta_merge.errors import MergeJobError
+    from tests.support.delta_reader import read_rows
+    from tests.support.delta_reference import delta_scenario_outcome
+    from tests.support.scenario_harness import create_target, dataframe, merge_spec, multiset
+
+    scenario = {
+        "id": "cell", "target_schema": f"key INT, value {target}", "target_partition_by": [],
+        "target_rows": [[i, None] for i in range(len(values))], "source_schema": f"key INT, value {source}",
+        "source_rows": [[i, v] for i, v in enumerate(values)],
+        "conf": {"spark.sql.storeAssignmentPolicy": policy},
+        "merge_sql": "MERGE INTO target t USING source s ON t.key = s.key "
+                     "WHEN MATCHED THEN UPDATE SET value = s.value",
+    }  # fmt: skip
+    create_target(spark, tmp_path / "job", scenario)
+    shutil.copytree(tmp_path / "job", tmp_path / "delta")
+    delta = delta_scenario_outcome(spark, tmp_path / "delta", scenario)
+    view = f"cell_{uuid.uuid4().hex[:8]}"
+    dataframe(spark, scenario["source_schema"], scenario["source_rows"]).createOrReplaceTempView(view)
+    try:
+        if "error" in delta:
+            with pytest.raises(MergeJobError) as raised:
+                run_merge(spark, merge_spec(scenario, tmp_path / "job", view))
+            assert raised.value.error_class in delta["error"][0]
+            assert table_version(tmp_path / "job") == delta["version"] == 0
+        else:
+            run_merge(spark, merge_spec(scenario, tmp_path / "job", view))
+            assert multiset(read_rows(tmp_path / "job")) == delta["rows"]
+    finally:
+        spark.catalog.dropTempView(view)
