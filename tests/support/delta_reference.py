@@ -82,9 +82,8 @@ def delta_merge_outcome(
         spark.sql("DROP TABLE IF EXISTS target")
     version = table_version(table)
     metrics = delta_history_metrics(spark, table) if version > version_before else {}
-    written = read_rows(table)
-    names = list(read_table_columns(table))
+    names = read_table_columns(table)
     if columns is not None and set(columns) <= set(names):
-        written = read_rows(table, columns=columns)
         names = columns
-    return {"rows": multiset(written), "columns": names, "metrics": metrics, "version": version}
+    return {"rows": multiset(read_rows(table, columns=names)), "columns": names, "metrics": metrics,
+            "version": version}  # fmt: skip
