@@ -2,8 +2,9 @@
 
 Delta's MergeIntoCommand ends in ``OptimisticTransaction.commit``; its parts live in this package:
 ``actions`` (the commit's actions per PROTOCOL.md and one put-if-absent attempt), ``validity`` (the files
-checked as they will be committed), ``conflicts`` (Delta's WriteSerializable rules against what landed
-since the read), ``serializable`` (the compare-and-swap loop) and ``idempotency`` (app transactions).
+checked as they will be committed), ``conflicts`` (Delta's conflict rules, at its isolation level, against
+what landed since the read), ``serializable`` (the compare-and-swap loop) and ``idempotency`` (app
+transactions).
 The pipeline calls :func:`applied_metrics` before it reads anything and :func:`commit_merge` at the end.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from spark_jobs.delta_merge.commit.actions import plan_commit
@@ -63,8 +65,13 @@ def commit_merge(
         log.info("MERGE changed nothing: no version recorded (Delta's skipRecordingEmptyCommits); the table "
                  "stays at version %d", snapshot.version)  # fmt: skip
         return metrics.with_values(tableVersion=snapshot.version)
+    # Delta's isolation level: Serializable, Delta's own (and its only one); WriteSerializable where the
+    # table asks for it, as tables Databricks wrote may.
+    write_serializable = snapshot.configuration.get("delta.isolationLevel") == "WriteSerializable"
+    isolation_level = "WriteSerializable" if write_serializable else "Serializable"
     commit_plan = plan_commit(
         snapshot,
+        isolation_level=isolation_level,
         removes=outcome.removes,
         adds=outcome.adds,
         change_files=outcome.change_files,
@@ -81,17 +88,22 @@ def commit_merge(
     read = ReadSet(
         # Without target-only predicates (or with NOT MATCHED BY SOURCE) the merge read every file.
         whole_table=not plan.target_only_predicates,
-        read_paths=frozenset(f.path for f in outcome.read),
-        removed_paths=frozenset(f.path for f in outcome.removes),
+        read_paths={f.path: f.partition_values for f in outcome.read},
+        removed_paths={f.path: f.partition_values for f in outcome.removes},
         app_id=spec.run.app_id,
         app_version=spec.run.app_version,
         token=commit_plan.token,
-        serializable=snapshot.configuration.get("delta.isolationLevel") == "Serializable",
+        serializable=isolation_level == "Serializable",
+        table=spec.target.uri,
+        partitioned=bool(snapshot.partition_columns),
     )
 
-    def matches_read(files: Sequence[LiveFile]) -> bool:
-        return bool(prune_files(spark, snapshot, files, predicates=plan.target_only_predicates,
-                                target_alias=plan.target_alias))
+    def matches_read(files: Sequence[LiveFile]) -> list[LiveFile]:
+        # As Delta's read predicates: the partitions the target-only predicates select. Without statistics
+        # a file is judged by its partition values alone (the rows it holds do not matter to Delta).
+        unjudged = [replace(f, stats=None) for f in files]
+        return prune_files(spark, snapshot, unjudged, predicates=plan.target_only_predicates,
+                           target_alias=plan.target_alias)
 
     log.info("committing: %d files removed, %d added, %d given deletion vectors, read version %d",
              len(outcome.removes) - len(outcome.readds), len(outcome.adds), len(outcome.readds),

@@ -131,7 +131,7 @@ def plan_commit(
     operation_metrics: Mapping[str, int],
     app_transaction: tuple[str, int] | None,
     commit_metadata: Mapping[str, Any],
-    isolation_level: str = "WriteSerializable",
+    isolation_level: str = "Serializable",
     change_files: Sequence[WrittenFile] = (),
     configuration_updates: Mapping[str, str] | None = None,
     readds: Sequence[LiveFile] = (),

@@ -1,4 +1,4 @@
-"""Commit a merge under Delta's WriteSerializable rules: check what landed since the read, then CAS."""
+"""Commit a merge under Delta's conflict rules: check what landed since the read, then compare-and-swap."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def commit_serializably(
     plan: CommitPlan,
     read: ReadSet,
     *,
-    matches_read: Callable[[Sequence[LiveFile]], bool],
+    matches_read: Callable[[Sequence[LiveFile]], Sequence[LiveFile]],
     storage_options: Mapping[str, str] | None = None,
     max_attempts: int = 10,
     sleep: Callable[[float], None] = time.sleep,
@@ -86,7 +86,8 @@ def commit_serializably(
 
 def _check_commits(
     plan: CommitPlan, read: ReadSet, first: int, last: int,
-    matches_read: Callable[[Sequence[LiveFile]], bool], storage_options: Mapping[str, str] | None,
+    matches_read: Callable[[Sequence[LiveFile]], Sequence[LiveFile]],
+    storage_options: Mapping[str, str] | None,
 ) -> AlreadyApplied | None:
     """Check versions ``first..last`` in order; the first conflict raises, the first own app txn returns."""
     commits: list[tuple[int, list[dict[str, Any]]]] = []
@@ -112,5 +113,5 @@ def _check_commits(
     return None
 
 
-def _matches_nothing(files: Sequence[LiveFile]) -> bool:
-    return False
+def _matches_nothing(files: Sequence[LiveFile]) -> Sequence[LiveFile]:
+    return ()

@@ -45,7 +45,9 @@ FILES = (("a", range(1, 6)), ("a", range(6, 11)), ("b", range(11, 16)), ("b", ra
 INITIAL_VERSION = len(FILES) - 1
 # Delta's conflict classes a merge that lost to another merge fails with: the winner added files where
 # the loser read (checked first, as Delta's ConflictChecker does), or removed files the loser read.
-CONFLICT_CLASSES = ("DELTA_CONCURRENT_APPEND", "DELTA_CONCURRENT_DELETE_READ")
+CONFLICT_CLASSES = (
+    "DELTA_CONCURRENT_APPEND.WITH_PARTITION_HINT", "DELTA_CONCURRENT_DELETE_READ.WITH_PARTITION_HINT"
+)
 SNAPSHOT_LINE = re.compile(r"MERGE into \S+ at version (\d+) ")
 COMMIT_FILE = re.compile(r"^(\d{20})\.json$")
 
@@ -187,7 +189,7 @@ def check_race(
         assert outcome.code == 1, outcome.output[-4000:]
         assert outcome.metrics is None
         assert outcome.failure is not None, outcome.output[-4000:]
-        error_class = re.match(r"MERGE failed: ConcurrentModificationError: \[(\w+)\] ", outcome.failure)
+        error_class = re.match(r"MERGE failed: ConcurrentModificationError: \[([\w.]+)\] ", outcome.failure)
         assert error_class is not None, outcome.failure
         assert error_class.group(1) in CONFLICT_CLASSES, outcome.failure
         conflicting = re.search(r"Conflicting commit: version (\d+),", outcome.output)

@@ -8,6 +8,7 @@ has_a_row`` keeps the list complete: any class the job's source names must have 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -80,15 +81,17 @@ def _validate_clauses(clauses: list[dict[str, str]]) -> Callable[[Context], obje
 # -- conflicts with concurrent commits (pure: the winning commit's actions are given) ------------------------
 READ = ReadSet(
     # The removed file left out of what was read: Delta checks removes against reads first.
-    whole_table=False, read_paths=frozenset({"p=a/read.parquet"}),
-    removed_paths=frozenset({"p=a/removed.parquet"}), app_id="dag.task", app_version=3, token="ours",
+    whole_table=False, read_paths={"p=a/read.parquet": {"p": "a"}},
+    removed_paths={"p=a/removed.parquet": {"p": "a"}}, app_id="dag.task", app_version=3, token="ours",
+    table="s3://lake/t",
 )
 
 
-def _winning(*actions: dict[str, Any]) -> Callable[[Context], object]:
+def _winning(*actions: dict[str, Any], partitioned: bool = True) -> Callable[[Context], object]:
     def trigger(_: Context) -> object:
         commit = [{"commitInfo": {"operation": "WRITE"}}, *actions]
-        return check_winning_commit(7, commit, READ, matches_read=lambda files: True)
+        read = dataclasses.replace(READ, partitioned=partitioned)
+        return check_winning_commit(7, commit, read, matches_read=lambda files: files)
 
     return trigger
 
@@ -268,6 +271,7 @@ MULTIPLE_MATCHES = (
     "possibility of multiple matches. Please refer to"
 )
 CONCURRENCY_DOC = "Refer to https://docs.delta.io/latest/concurrency-control.html for more details."
+CONCURRENCY_INFO = "Refer to https://docs.delta.io/latest/concurrency-control.html for more information."
 
 ROWS: list[Row] = [
     # Statement rules (MergeSpec.validate, no JVM).
@@ -335,26 +339,48 @@ ROWS: list[Row] = [
         _validate("MERGE INTO t USING s AS src (a, b) ON t.id = src.a WHEN MATCHED THEN DELETE"),
         ("Column aliases are not allowed in ",)),
     # Conflicts with a commit that landed after the merge read the table (Delta's ConflictChecker).
-    Row("DELTA_CONCURRENT_APPEND",
+    # Delta 4.4's words: the winner's operation, the table, its version, and on a partitioned table the
+    # partition of the file in question (WITH_PARTITION_HINT).
+    Row("DELTA_CONCURRENT_APPEND.WITH_PARTITION_HINT",
         _winning({"add": {"path": "p=a/new.parquet", "size": 1, "partitionValues": {"p": "a"},
                           "modificationTime": 0, "dataChange": True}}),
-        ("ConcurrentAppendException: Files were added to partition [p=a] by a concurrent update. Please try "
-         "the operation again.", CONCURRENCY_DOC)),
-    Row("DELTA_CONCURRENT_DELETE_READ", _winning(_remove("p=a/read.parquet")),
-        ("ConcurrentDeleteReadException: This transaction attempted to read one or more files that were "
-         "deleted (for example p=a/read.parquet) by a concurrent update. Please try the operation again.",
-         CONCURRENCY_DOC)),
-    Row("DELTA_CONCURRENT_DELETE_DELETE", _winning(_remove("p=a/removed.parquet")),
-        ("ConcurrentDeleteDeleteException: This transaction attempted to delete one or more files that were "
-         "deleted (for example p=a/removed.parquet) by a concurrent update. Please try the operation again.",
-         CONCURRENCY_DOC)),
+        ("Transaction conflict detected. a concurrent WRITE added data to table delta.`s3://lake/t` "
+         "committed at version 7. The concurrent operation modified data in the partition [p=a] that should "
+         "have been "
+         "read by this operation. Please retry the operation.", CONCURRENCY_INFO)),
+    Row("DELTA_CONCURRENT_APPEND.WITHOUT_HINT",
+        _winning({"add": {"path": "new.parquet", "size": 1, "partitionValues": {}, "modificationTime": 0,
+                          "dataChange": True}}, partitioned=False),
+        ("Transaction conflict detected. a concurrent WRITE added data to table delta.`s3://lake/t` "
+         "committed at version 7. The concurrent operation modified data that should have been read by this "
+         "operation. "
+         "Please retry the operation.", CONCURRENCY_INFO)),
+    Row("DELTA_CONCURRENT_DELETE_READ.WITH_PARTITION_HINT", _winning(_remove("p=a/read.parquet")),
+        ("Transaction conflict detected, a concurrent WRITE deleted data from table delta.`s3://lake/t` "
+         "(committed at version 7) that this transaction read. The concurrent operation deleted data in the "
+         "partition [p=a] that was read by this operation. Please retry the operation.",
+         CONCURRENCY_INFO)),
+    Row("DELTA_CONCURRENT_DELETE_READ.WITHOUT_HINT",
+        _winning(_remove("p=a/read.parquet"), partitioned=False),
+        ("Transaction conflict detected, a concurrent WRITE deleted data from table delta.`s3://lake/t` "
+         "(committed at version 7) that this transaction read. The concurrent operation deleted data that "
+         "was read by this operation. Please retry the operation.", CONCURRENCY_INFO)),
+    Row("DELTA_CONCURRENT_DELETE_DELETE.WITH_PARTITION_HINT", _winning(_remove("p=a/removed.parquet")),
+        ("Transaction conflict detected, a concurrent WRITE deleted data from table delta.`s3://lake/t` "
+         "(committed at version 7) that this transaction attempted to delete. The concurrent operation "
+         "deleted data in the partition [p=a] that was read by this operation.", CONCURRENCY_INFO)),
+    Row("DELTA_CONCURRENT_DELETE_DELETE.WITHOUT_HINT",
+        _winning(_remove("p=a/removed.parquet"), partitioned=False),
+        ("Transaction conflict detected, a concurrent WRITE deleted data from table delta.`s3://lake/t` "
+         "(committed at version 7) that this transaction attempted to delete. The concurrent operation "
+         "deleted data that was read by this operation.", CONCURRENCY_INFO)),
     Row("DELTA_CONCURRENT_TRANSACTION", _winning({"txn": {"appId": "dag.task", "version": 2}}),
         ("ConcurrentTransactionException: This error occurs when multiple streaming queries are using the "
          "same checkpoint to write into this table. Did you run multiple instances of the same streaming "
          "query at the same time?", CONCURRENCY_DOC)),
     Row("DELTA_METADATA_CHANGED", _winning({"metaData": {"id": "x"}}),
-        ("MetadataChangedException: The metadata of the Delta table has been changed by a concurrent update. "
-         "Please try the operation again.", CONCURRENCY_DOC)),
+        ("MetadataChangedException: The metadata of the Delta table delta.`s3://lake/t` has been changed "
+         "by a concurrent update. Please try the operation again.", CONCURRENCY_DOC)),
     Row("DELTA_PROTOCOL_CHANGED", _winning({"protocol": {"minReaderVersion": 3, "minWriterVersion": 7}}),
         ("ProtocolChangedException: The protocol version of the Delta table has been changed by a concurrent "
          "update.", CONCURRENCY_DOC)),

@@ -131,7 +131,7 @@ def test_commit_removes_and_adds(tmp_path: Path) -> None:
     assert info["operationMetrics"] == {k: str(v) for k, v in METRICS.items()}
     assert (info["readVersion"], info["isolationLevel"], info["isBlindAppend"]) == (
         0,
-        "WriteSerializable",
+        "Serializable",
         False,
     )
     assert (info["mergeEngine"], info["mergeOperation"]) == (MERGE_ENGINE, "MERGE")

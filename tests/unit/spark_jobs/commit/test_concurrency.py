@@ -35,9 +35,11 @@ WHEN MATCHED THEN UPDATE SET v = s.v WHEN NOT MATCHED THEN INSERT *"""
 NMBS_MERGE = f"{PARTITIONED_MERGE}\nWHEN NOT MATCHED BY SOURCE AND t.id = 9 THEN UPDATE SET v = -9"
 APP_ID = "concurrency.merge"
 APPEND_CONFLICT_ON_VERSION_1 = (
-    r"^\[DELTA_CONCURRENT_APPEND\] ConcurrentAppendException: Files were added to .*\n"
-    r"Conflicting commit: version 1,"
+    r"^\[DELTA_CONCURRENT_APPEND\.WITH(OUT)?_\w*HINT\] Transaction conflict detected\. a concurrent \w+ "
+    r"added data to table .* committed at version 1\. .*\nConflicting commit: version 1,"
 )
+APPEND = "DELTA_CONCURRENT_APPEND.WITH_PARTITION_HINT"
+DELETE_READ = "DELTA_CONCURRENT_DELETE_READ.WITH_PARTITION_HINT"
 APP_VERSION = 5
 
 Row = tuple[Any, ...]
@@ -145,22 +147,24 @@ def race_before_commit(monkeypatch: pytest.MonkeyPatch, winner: Callable[[Path],
 
 
 CONFLICTS = [
-    # (case id, merge statement, concurrent commit, Delta's exception)
-    ("append-into-read-partition", PARTITIONED_MERGE, append("a", 100), "ConcurrentAppendException"),
-    ("whole-table-read-append-elsewhere", WHOLE_TABLE_MERGE, append("b", 101), "ConcurrentAppendException"),
-    ("nmbs-read-append-elsewhere", NMBS_MERGE, append("b", 101), "ConcurrentAppendException"),
+    # (case id, merge statement, concurrent commit, Delta 4.4's error class)
+    ("append-into-read-partition", PARTITIONED_MERGE, append("a", 100), APPEND),
+    ("whole-table-read-append-elsewhere", WHOLE_TABLE_MERGE, append("b", 101), APPEND),
+    ("nmbs-read-append-elsewhere", NMBS_MERGE, append("b", 101), APPEND),
     # Delta's ConflictChecker looks at added files before removed ones, and at removed files the merge read
     # before those it removes too (a merge reads every file it removes).
-    ("delete-of-a-read-file", PARTITIONED_MERGE, delete("id >= 6 AND id <= 10"),
-     "ConcurrentDeleteReadException"),
-    ("delete-of-a-removed-file", PARTITIONED_MERGE, delete("id <= 5"), "ConcurrentDeleteReadException"),
-    ("rewrite-of-a-read-file", PARTITIONED_MERGE, delete("id = 7"), "ConcurrentAppendException"),
-    # Compaction removes both read files (dataChange=false), one of which the merge removes too.
-    ("compaction-of-read-files", PARTITIONED_MERGE, compact("a"), "ConcurrentDelete"),
-    ("schema-change", PARTITIONED_MERGE, add_column, "MetadataChangedException"),
-    ("protocol-change", PARTITIONED_MERGE, upgrade_protocol, "ProtocolChangedException"),
+    ("delete-of-a-read-file", PARTITIONED_MERGE, delete("id >= 6 AND id <= 10"), DELETE_READ),
+    ("delete-of-a-removed-file", PARTITIONED_MERGE, delete("id <= 5"), DELETE_READ),
+    ("rewrite-of-a-read-file", PARTITIONED_MERGE, delete("id = 7"), APPEND),
+    # Compaction adds its compacted file where the merge read: Delta 4.4 counts it (dataChange=false).
+    ("compaction-of-read-files", PARTITIONED_MERGE, compact("a"), APPEND),
+    # At Delta's Serializable level (the default), a blind append where the merge read conflicts too.
+    ("blind-append-into-read-partition", PARTITIONED_MERGE,
+     append("a", 100, custom_metadata={"isBlindAppend": True}), APPEND),
+    ("schema-change", PARTITIONED_MERGE, add_column, "DELTA_METADATA_CHANGED"),
+    ("protocol-change", PARTITIONED_MERGE, upgrade_protocol, "DELTA_PROTOCOL_CHANGED"),
     ("same-app-id-older-version", PARTITIONED_MERGE, app_transaction(APP_VERSION - 1),
-     "ConcurrentTransactionException"),
+     "DELTA_CONCURRENT_TRANSACTION"),
 ]
 @pytest.mark.parametrize(("sql", "winner", "rule"), [c[1:] for c in CONFLICTS], ids=[c[0] for c in CONFLICTS])
 def test_conflicting_commit_fails_the_merge_and_only_the_winner_applies(
@@ -173,7 +177,7 @@ def test_conflicting_commit_fails_the_merge_and_only_the_winner_applies(
         run_merge(spark, spec(target, source, sql, app_version=APP_VERSION))
 
     message = str(raised.value)
-    assert raised.value.bare_message.startswith(rule), message
+    assert raised.value.error_class == rule, message
     assert f"version {race.version}, committed after this merge read the table" in message
     assert "Nothing was committed" in message
     assert table_version(target) == race.version
@@ -183,7 +187,6 @@ def test_conflicting_commit_fails_the_merge_and_only_the_winner_applies(
 
 NO_CONFLICTS = [
     ("append-into-disjoint-partition", append("b", 101)),
-    ("blind-append-into-read-partition", append("a", 100, custom_metadata={"isBlindAppend": True})),
     ("compaction-of-an-unread-partition", compact("b")),
 ]
 @pytest.mark.parametrize("winner", [c[1] for c in NO_CONFLICTS], ids=[c[0] for c in NO_CONFLICTS])
@@ -222,6 +225,22 @@ def test_many_commits_outside_the_read_are_checked_with_one_predicate_evaluation
     assert evaluated == [3]  # the files of versions 4-6 at once, not one Spark job per commit
     assert metrics["tableVersion"] == race.version + 1 == 7
     assert rows_of(target) == applied(race.rows)
+def test_blind_append_does_not_conflict_on_a_write_serializable_table(
+    spark: Any, tmp_path: Path, source: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "write-serializable"
+    write_deltalake(str(path), batch([(i, "a", 0) for i in range(1, 6)]), partition_by=["p"],
+                    configuration={"delta.isolationLevel": "WriteSerializable"})
+    race = race_before_commit(monkeypatch, append("a", 100, custom_metadata={"isBlindAppend": True}), path)
+
+    metrics = run_merge(spark, spec(path, source, PARTITIONED_MERGE)).to_dict()
+
+    assert race.rows is not None
+    assert metrics["tableVersion"] == race.version + 1 == 2
+    assert (100, "a", 0) in rows_of(path)
+    assert_unique_keys(rows_of(path))
+
+
 def test_blind_append_conflicts_under_serializable_isolation(
     spark: Any, tmp_path: Path, source: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
