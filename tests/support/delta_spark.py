@@ -13,6 +13,14 @@ provided dependency), so it gets settings of its own. Of what Delta pulls, the j
 provides them. ``scripts/test`` runs ``python -m tests.support.delta_spark``
 before pytest (not for ``--fast``: the fast tier needs no jars); a test session that finds no jars fetches
 them under a lock.
+
+The same step fetches Hadoop's S3A connector, for the tests where Delta itself reads and writes tables on
+the test S3 server (:func:`delta_s3_session_confs`): ``org.apache.hadoop:hadoop-aws`` in the version of
+the Hadoop client pyspark ships (read from the name of its ``hadoop-client-api`` jar), with what it pulls
+at run time (the AWS SDK v2 bundle, the analytics accelerator, wildfly-openssl), into a folder of its own
+beside Delta's. It is the costly part, once per virtualenv: 4 jars, 690 MB, of which the SDK's bundle
+(``software.amazon.awssdk:bundle``) is 686 MB; 12-13 s here from Maven Central, a spark-submit's start
+included (Delta's own: 11 jars, 14 MB).
 """
 
 from __future__ import annotations
@@ -29,7 +37,10 @@ from pathlib import Path
 
 import pyspark
 
-__all__ = ["DELTA_ARTIFACT", "DeltaJarsUnavailable", "delta_jars", "delta_session_confs"]
+__all__ = [
+    "DELTA_ARTIFACT", "HADOOP_AWS_ARTIFACT", "S3A_KEY_CONFS", "DeltaJarsUnavailable", "delta_jars",
+    "delta_s3_session_confs", "delta_session_confs", "s3a_jars",
+]  # fmt: skip
 
 SCALA_VERSION = "2.13"
 DELTA_VERSION = importlib.metadata.version("delta-spark")
@@ -39,6 +50,25 @@ DELTA_ARTIFACT = (
 # Beside the interpreter, as the class archive: a fresh virtualenv (a clean clone's) fetches its own.
 JARS_ROOT = Path(sys.prefix) / "delta-jars"
 _JARS_DIR = JARS_ROOT / DELTA_ARTIFACT.replace(":", "_")
+_PYSPARK_JARS = Path(pyspark.__file__).parent / "jars"
+
+
+def _hadoop_version() -> str:
+    """The version of the Hadoop client pyspark ships: ``hadoop-client-api-3.5.0.jar`` -> ``3.5.0``."""
+    names = sorted(jar.name for jar in _PYSPARK_JARS.glob("hadoop-client-api-*.jar"))
+    if len(names) != 1:
+        raise RuntimeError(f"expected one hadoop-client-api jar in {_PYSPARK_JARS}, found {names}")
+    return names[0].removeprefix("hadoop-client-api-").removesuffix(".jar")
+
+
+# Hadoop's S3A connector, in the version of pyspark's Hadoop client (its classes must match them).
+HADOOP_AWS_ARTIFACT = f"org.apache.hadoop:hadoop-aws:{_hadoop_version()}"
+_S3A_JARS_DIR = JARS_ROOT / HADOOP_AWS_ARTIFACT.replace(":", "_")
+# The confs of delta_s3_session_confs that hold the S3 key. Classic pyspark's builder hands every conf to
+# spark-submit as ``--conf key=value`` (pyspark.java_gateway.launch_gateway): these go on the session's
+# Hadoop configuration once it runs (``spark.sparkContext._jsc.hadoopConfiguration().set``, without the
+# ``spark.hadoop.`` prefix), before its first S3 access.
+S3A_KEY_CONFS = ("spark.hadoop.fs.s3a.access.key", "spark.hadoop.fs.s3a.secret.key")
 _FETCH_TIMEOUT_S = 900
 _CENTRAL = "https://repo1.maven.org/maven2"
 _IVY_SETTINGS = """<ivysettings>
@@ -59,15 +89,27 @@ class DeltaJarsUnavailable(RuntimeError):
 
 def delta_jars() -> list[Path]:
     """The jars of :data:`DELTA_ARTIFACT` and what it pulls, fetched first if this virtualenv has none."""
-    jars = sorted(_JARS_DIR.glob("*.jar"))
+    return _jars(DELTA_ARTIFACT, _JARS_DIR, "Delta's jars",
+                 f"the version of the pip package delta-spark {DELTA_VERSION}")  # fmt: skip
+
+
+def s3a_jars() -> list[Path]:
+    """The jars of :data:`HADOOP_AWS_ARTIFACT` and what it pulls at run time (the AWS SDK bundle), fetched
+    first if this virtualenv has none."""
+    return _jars(HADOOP_AWS_ARTIFACT, _S3A_JARS_DIR, "Hadoop's S3A connector",
+                 "the version of the Hadoop client pyspark ships")  # fmt: skip
+
+
+def _jars(artifact: str, jars_dir: Path, what: str, version_from: str) -> list[Path]:
+    jars = sorted(jars_dir.glob("*.jar"))
     if jars:
         return jars
     JARS_ROOT.mkdir(parents=True, exist_ok=True)
     with (JARS_ROOT / ".lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not any(_JARS_DIR.glob("*.jar")):  # else fetched by the process that held the lock before
-            _fetch()
-    return sorted(_JARS_DIR.glob("*.jar"))
+        if not any(jars_dir.glob("*.jar")):  # else fetched by the process that held the lock before
+            _fetch(artifact, jars_dir, what, version_from)
+    return sorted(jars_dir.glob("*.jar"))
 
 
 def delta_session_confs() -> dict[str, str]:
@@ -82,9 +124,34 @@ def delta_session_confs() -> dict[str, str]:
     }
 
 
-def _fetch() -> None:
-    """Resolve DELTA_ARTIFACT with spark-submit's --packages (an application that does nothing) into a
-    scratch Ivy home, then move its jars into place whole."""
+def delta_s3_session_confs(
+    endpoint: str, access_key_id: str, secret_access_key: str, region: str
+) -> dict[str, str]:
+    """:func:`delta_session_confs` plus Hadoop's S3A connector on the S3 API at ``endpoint`` (plain HTTP,
+    path-style, a static key), for ``s3a://`` and ``s3://`` alike, so that Delta reads and writes the same
+    ``s3://bucket/path`` URIs as the job and deltalake. The key is in the confs :data:`S3A_KEY_CONFS`,
+    which must not reach a command line: a classic session's builder would put them on its JVM's."""
+    confs = delta_session_confs()
+    confs["spark.jars"] = ",".join(str(jar) for jar in [*delta_jars(), *s3a_jars()])
+    s3a = "org.apache.hadoop.fs.s3a"
+    confs.update({
+        "spark.hadoop.fs.s3a.endpoint": endpoint,
+        "spark.hadoop.fs.s3a.endpoint.region": region,
+        "spark.hadoop.fs.s3a.path.style.access": "true",
+        "spark.hadoop.fs.s3a.connection.ssl.enabled": "false",
+        "spark.hadoop.fs.s3a.aws.credentials.provider": f"{s3a}.SimpleAWSCredentialsProvider",
+        "spark.hadoop.fs.s3a.access.key": access_key_id,
+        "spark.hadoop.fs.s3a.secret.key": secret_access_key,
+        # s3:// (which Hadoop 3 maps to no file system) through S3A too. Delta picks its log store by
+        # scheme and gives s3 and s3a the same one already (S3SingleDriverLogStore): no conf needed.
+        "spark.hadoop.fs.s3.impl": f"{s3a}.S3AFileSystem",
+    })  # fmt: skip
+    return confs
+
+
+def _fetch(artifact: str, jars_dir: Path, what: str, version_from: str) -> None:
+    """Resolve ``artifact`` with spark-submit's --packages (an application that does nothing) into a
+    scratch Ivy home, then move its jars, less those pyspark ships, into ``jars_dir`` whole."""
     spark_submit = Path(sys.executable).parent / "spark-submit"
     with tempfile.TemporaryDirectory(prefix="delta-jars-", dir=JARS_ROOT) as scratch:
         ivy = Path(scratch, "ivy")
@@ -93,7 +160,7 @@ def _fetch() -> None:
         settings.write_text(_IVY_SETTINGS.format(central=_CENTRAL, m2=m2), encoding="utf-8")
         nothing = Path(scratch, "nothing.py")
         nothing.write_text("", encoding="utf-8")
-        command = [str(spark_submit), "--master", "local[1]", "--packages", DELTA_ARTIFACT,
+        command = [str(spark_submit), "--master", "local[1]", "--packages", artifact,
                    "--conf", f"spark.jars.ivy={ivy}", "--conf", f"spark.jars.ivySettings={settings}",
                    str(nothing)]  # fmt: skip
         env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
@@ -102,7 +169,7 @@ def _fetch() -> None:
                                   check=False)  # fmt: skip
         except subprocess.TimeoutExpired as timeout:
             raise DeltaJarsUnavailable(
-                f"Could not fetch Delta's jars ({DELTA_ARTIFACT}): resolving them from Maven Central "
+                f"Could not fetch {what} ({artifact}): resolving them from Maven Central "
                 f"({_CENTRAL}) and ~/.m2 ran over {timeout.timeout} s."
             ) from None
         provided = _spark_artifacts()
@@ -113,17 +180,16 @@ def _fetch() -> None:
                           if "not found" in line or "UNRESOLVED" in line or "::" in line]  # fmt: skip
             detail = "\n".join(unresolved[-12:]) or done.stderr[-2000:]
             raise DeltaJarsUnavailable(
-                f"Could not fetch Delta's jars ({DELTA_ARTIFACT}, the version of the pip package "
-                f"delta-spark {DELTA_VERSION}) from Maven Central ({_CENTRAL}) or ~/.m2: spark-submit "
-                f"--packages exited {done.returncode}. The tests that run Delta beside the job need them; "
-                "check that Maven Central is reachable (or put the jars in ~/.m2), then run the tests "
-                f"again.\n{detail}"
+                f"Could not fetch {what} ({artifact}, {version_from}) from Maven Central ({_CENTRAL}) "
+                f"or ~/.m2: spark-submit --packages exited {done.returncode}. The tests that run Delta "
+                "itself need them; check that Maven Central is reachable (or put the jars in ~/.m2), then "
+                f"run the tests again.\n{detail}"
             )
         staged = Path(scratch, "jars")
         staged.mkdir()
-        for jar in fetched:
-            shutil.copy2(jar, staged / jar.name)
-        os.replace(staged, _JARS_DIR)  # whole or not at all
+        for jar in fetched:  # moved, not copied: the AWS SDK's bundle is ~690 MB
+            shutil.move(jar, staged / jar.name)
+        os.replace(staged, jars_dir)  # whole or not at all
 
 
 def _artifact(jar_name: str) -> str:
@@ -137,16 +203,19 @@ def _ivy_artifact(jar_name: str) -> str:
 
 
 def _spark_artifacts() -> set[str]:
-    return {_artifact(jar.name) for jar in (Path(pyspark.__file__).parent / "jars").glob("*.jar")}
+    return {_artifact(jar.name) for jar in _PYSPARK_JARS.glob("*.jar")}
 
 
 def main() -> int:
-    try:
-        jars = delta_jars()
-    except DeltaJarsUnavailable as unavailable:
-        print(f"delta-jars: {unavailable}", file=sys.stderr)
-        return 1
-    print(f"delta-jars: {DELTA_ARTIFACT}: {len(jars)} jars in {_JARS_DIR}")
+    for artifact, jars_dir, fetch in [(DELTA_ARTIFACT, _JARS_DIR, delta_jars),
+                                      (HADOOP_AWS_ARTIFACT, _S3A_JARS_DIR, s3a_jars)]:  # fmt: skip
+        try:
+            jars = fetch()
+        except DeltaJarsUnavailable as unavailable:
+            print(f"delta-jars: {unavailable}", file=sys.stderr)
+            return 1
+        size = sum(jar.stat().st_size for jar in jars) / 1e6
+        print(f"delta-jars: {artifact}: {len(jars)} jars, {size:.0f} MB in {jars_dir}")
     return 0
 
 
