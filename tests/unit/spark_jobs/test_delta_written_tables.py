@@ -11,6 +11,7 @@ refuses them), so collations are not among these tables.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -90,5 +91,48 @@ def test_the_job_merges_into_a_table_delta_wrote_or_refuses_it(
     metrics = run_merge(spark, spec).to_dict()
     assert (metrics["numTargetRowsUpdated"], metrics["numTargetRowsInserted"]) == (2, 1)
     expected = sorted({**before, 1: "A", 3: "C", 7: "G"}.items())
+    assert sorted((r["id"], r["v"]) for r in spark.read.format("delta").load(str(path)).collect()) == expected
+    assert sorted((r[0], r[1]) for r in read_rows_with_kernel(path, columns=["id", "v"])) == expected
+
+
+@pytest.mark.parametrize("feature", ["clustering", "v2Checkpoint"])
+def test_delta_reads_the_jobs_merges_from_the_jobs_checkpoint_and_merges_and_optimizes_after_them(
+    spark: Any, tmp_path: Path, feature: str
+) -> None:
+    """Delta wrote the table; the job merges twice, one of its commits followed by its checkpoint (a V2
+    one, with ``checkpointMetadata``, on a v2Checkpoint table); Delta, its log cache cleared, loads the
+    table from that checkpoint, then runs its own MERGE and OPTIMIZE (clustering the files on a clustered
+    table) on top."""
+    from spark_jobs.delta_merge import run_merge
+
+    path = tmp_path / "t"
+    _delta_table(spark, path, feature)
+    spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('delta.checkpointInterval' = '2')")
+    rows = {r["id"]: r["v"] for r in spark.read.format("delta").load(str(path)).collect()}
+    committed = []
+    for batch, (ids, values) in enumerate((([1, 3, 7], ["A", "C", "G"]), ([7, 8], ["G2", "H"]))):
+        source = tmp_path / f"s{batch}"
+        source.mkdir()
+        pq.write_table(pa.table({"id": pa.array(ids, pa.int64()), "v": values}), source / "part-0.parquet")
+        spec = {"target": {"uri": str(path)}, "source": {"uri": str(source)}, "merge_sql": UPSERT}
+        committed.append(run_merge(spark, spec).to_dict()["tableVersion"])
+        rows.update(zip(ids, values, strict=True))
+    checkpointed = json.loads((path / "_delta_log" / "_last_checkpoint").read_text())["version"]
+    assert checkpointed in committed  # a checkpoint the job wrote, after its commit
+    (checkpoint,) = (path / "_delta_log").glob(f"{checkpointed:020d}.checkpoint*.parquet")
+    has_metadata = "checkpointMetadata" in pq.read_schema(checkpoint).names
+    assert has_metadata == (feature == "v2Checkpoint"), checkpoint.name
+
+    spark._jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()
+    read = spark.read.format("delta").load(str(path))
+    assert sorted((r["id"], r["v"]) for r in read.collect()) == sorted(rows.items())
+    spark.sql(f"MERGE INTO delta.`{path}` t USING (SELECT 9 AS id, 'I' AS v) s ON t.id = s.id "
+              "WHEN MATCHED THEN UPDATE SET v = s.v WHEN NOT MATCHED THEN INSERT (id, v) VALUES (s.id, s.v)")
+    optimized = spark.sql(f"OPTIMIZE delta.`{path}`").collect()[0]["metrics"]
+    assert optimized["numFilesRemoved"] >= 2
+    rows[9] = "I"
+    history = [r["operation"] for r in spark.sql(f"DESCRIBE HISTORY delta.`{path}`").collect()]
+    assert history[:4] == ["OPTIMIZE", "MERGE", "MERGE", "MERGE"]
+    expected = sorted(rows.items())
     assert sorted((r["id"], r["v"]) for r in spark.read.format("delta").load(str(path)).collect()) == expected
     assert sorted((r[0], r[1]) for r in read_rows_with_kernel(path, columns=["id", "v"])) == expected
