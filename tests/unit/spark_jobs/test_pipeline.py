@@ -401,6 +401,46 @@ def test_a_merge_that_changes_nothing_records_no_version_unless_told_or_keyed(
     assert run_merge(spark, spec).to_dict()["skipped"] is True
 
 
+SKIP_EMPTY = "spark.databricks.delta.skipRecordingEmptyCommits"
+
+
+@pytest.mark.parametrize(
+    ("source_rows", "clauses", "confs"),
+    [
+        ([(9, "z")], "WHEN MATCHED THEN DELETE", {}),
+        ([(9, "z")], "WHEN MATCHED THEN DELETE", {SKIP_EMPTY: "false"}),
+        ([], "WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *", {}),
+        ([(9, "z")], "WHEN NOT MATCHED AND s.v = 'never' THEN INSERT *", {}),
+        ([(1, "a")], "WHEN MATCHED THEN UPDATE SET *", {}),
+    ],
+    ids=["no-match", "no-match-recorded", "empty-source", "insert-condition-never-true", "same-values"],
+)
+def test_a_merge_records_a_version_exactly_when_delta_s_merge_does(
+    spark: Any, tmp_path: Path, source_rows: list[tuple[int, str]], clauses: str, confs: dict[str, str]
+) -> None:
+    """Empty commits against Delta 4.4's own MERGE on a copy of the same table, not a transcription."""
+    import shutil
+
+    from tests.support.delta_reference import delta_merge_outcome
+    from tests.support.scenario_harness import session_confs
+
+    target = make_target(tmp_path / "t", kv([(1, "a"), (2, "b")]))
+    delta_copy = tmp_path / "delta"
+    shutil.copytree(target, delta_copy)
+    source = parquet_source(tmp_path / "s", kv(source_rows))
+
+    with session_confs(spark, confs):
+        metrics = merge(spark, target, source, f"MERGE INTO t USING s ON t.id = s.id {clauses}")
+    delta = delta_merge_outcome(
+        spark, delta_copy, f"MERGE INTO target t USING source s ON t.id = s.id {clauses}",
+        spark.createDataFrame(source_rows, "id BIGINT, v STRING"), confs=confs,
+    )  # fmt: skip
+
+    assert "error" not in delta, delta
+    assert (metrics["tableVersion"], table_version(target)) == (delta["version"], delta["version"])
+    assert multiset(read_rows(target, columns=["id", "v"])) == delta["rows"]
+
+
 # -- partitions and data skipping -----------------------------------------------------------------------
 PARTITIONED = pa.schema([
     ("id", pa.int64()), ("region", pa.string()), ("bucket", pa.int32()), ("day", pa.date32()),
