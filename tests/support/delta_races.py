@@ -9,6 +9,7 @@ did not read. A :class:`Lake` says where the tables live: a local folder or the 
 from __future__ import annotations
 
 import contextlib
+import re
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -198,10 +199,20 @@ def race_both(
     return outcomes[0], outcomes[1]
 
 
+def conflict_words(message: str) -> str:
+    """The conflict's class and sentence, as Delta words it, its table's path left out."""
+    found = re.search(r"\[(DELTA_[A-Z_.]+)\] ([^\n]*)", message)
+    assert found is not None, message
+    return re.sub(r"delta\.`[^`]*`", "delta.`...`", f"[{found.group(1)}] {found.group(2)}")
+
+
 def check_same(job: Race, delta: Race, expected: str | None) -> None:
-    """Delta's race went as Delta goes; the job's went the same way and left the same rows."""
+    """Delta's race went as Delta goes; the job's went the same way, in Delta's words, and left the same
+    rows."""
     assert delta.conflict == expected, delta.loser
     assert job.conflict == delta.conflict, (job.loser, delta.loser)
+    if expected is not None:
+        assert conflict_words(job.loser["message"]) == conflict_words(delta.loser["message"])
     assert len({row[0] for row in job.rows}) == len(job.rows)  # no row doubled
     assert job.rows == delta.rows
     assert [c["operation"] for c in job.commits] == [c["operation"] for c in delta.commits]
