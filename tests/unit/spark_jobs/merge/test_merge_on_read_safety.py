@@ -92,13 +92,13 @@ def race_before_commit(monkeypatch: pytest.MonkeyPatch, winner: Callable[[], Non
 WINNERS = [
     # The winner marks id 5 and writes its new version: files added where the loser read, which Delta's
     # ConflictChecker looks at first.
-    ("marks-a-row", [(5, "winner")], "ConcurrentAppendException", {5: "winner"}, [5]),
+    ("marks-a-row", [(5, "winner")], "DELTA_CONCURRENT_APPEND.WITHOUT_HINT", {5: "winner"}, [5]),
     # The winner deletes every row of the loser's file: it removes the file and adds nothing, so the
     # conflict is a removed file the loser read.
     (
         "empties-the-file",
         [(i, "delete") for i in range(10)],
-        "ConcurrentDeleteReadException",
+        "DELTA_CONCURRENT_DELETE_READ.WITHOUT_HINT",
         dict.fromkeys(range(10)),
         None,
     ),
@@ -131,7 +131,7 @@ def test_two_merges_marking_rows_of_one_file_conflict_and_the_winner_stays(
     with pytest.raises(ConcurrentModificationError) as raised:
         run_merge(spark, spec(target, loser_source, UPSERT, app_id=APP_ID, app_version=1))
 
-    assert raised.value.bare_message.startswith(rule), str(raised.value)
+    assert raised.value.error_class == rule, str(raised.value)
     assert "version 2, committed after this merge read the table" in str(raised.value)
     assert "Nothing was committed" in str(raised.value)
     (won,) = winner_metrics
