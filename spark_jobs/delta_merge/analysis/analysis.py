@@ -65,6 +65,10 @@ def _as_condition(sql: str, sql_type: DataType) -> str:
     return f"CAST(({sql}) AS BOOLEAN)" if isinstance(sql_type, NullType) else sql
 
 
+# In an assignment tree, a struct node that SET * unfolded from one source struct names that struct here.
+_WHOLE_SOURCE_STRUCT = "\x00source struct"
+
+
 class _Resolver:
     def __init__(
         self, spark: SparkSession, parsed: ParsedMerge, target_schema: StructType,
@@ -252,8 +256,10 @@ class _Resolver:
             if final_field is None:
                 continue
             if isinstance(field.dataType, StructType) and isinstance(final_field.dataType, StructType):
-                tree[field.name.lower()] = self._source_leaves(
-                    field.dataType, final_field.dataType, (*path, field.name))
+                tree[field.name.lower()] = {
+                    **self._source_leaves(field.dataType, final_field.dataType, (*path, field.name)),
+                    _WHOLE_SOURCE_STRUCT: _quote((self.s, *path, field.name)),
+                }
             else:
                 tree[field.name.lower()] = {"": _quote((self.s, *path, field.name))}
         return tree
@@ -334,6 +340,10 @@ class _Resolver:
             else:
                 value = F.lit(None).cast(child.dataType)
             children.append(value.alias(child.name))
+        if _WHOLE_SOURCE_STRUCT in node:
+            # A struct SET * unfolded leaf by leaf stays NULL where the source's struct is NULL, as in Delta.
+            source_struct = F.col(node[_WHOLE_SOURCE_STRUCT])
+            return F.when(source_struct.isNull(), F.lit(None).cast(struct)).otherwise(F.struct(*children))
         return F.struct(*children)
 
     def _side_has_column(self, clause: MergeClause, name: str) -> bool:

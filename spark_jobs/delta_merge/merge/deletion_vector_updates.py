@@ -94,13 +94,15 @@ def mark_rows(
         replace(by_key[key], deletion_vector=descriptors[key], stats_json=_loose_stats(by_key[key]))
         for key in sorted(new_rows)
     )
+    # As Delta 4.4 counts them: every new vector is added; a file's old vector, replaced or dropped with the
+    # emptied file, is removed; a replaced one is updated as well.
     updated = sum(1 for key in new_rows if by_key[key].deletion_vector is not None)
     return DeletionVectorUpdates(
         removes=tuple(by_key[key] for key in sorted(marks)),
         readds=readds,
-        deletion_vectors_added=len(new_rows) - updated,
+        deletion_vectors_added=len(new_rows),
         deletion_vectors_updated=updated,
-        deletion_vectors_removed=sum(1 for f in emptied if f.deletion_vector is not None),
+        deletion_vectors_removed=updated + sum(1 for f in emptied if f.deletion_vector is not None),
     )
 
 
