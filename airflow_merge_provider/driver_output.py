@@ -14,7 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from spark_jobs.delta_merge.contract import JobFailure, parse_failure_line, parse_metrics_line
+from spark_jobs.delta_merge.contract import (
+    JobFailure,
+    parse_application_line,
+    parse_failure_line,
+    parse_metrics_line,
+)  # fmt: skip
 
 __all__ = ["DriverOutput", "SparkApplication"]
 
@@ -25,6 +30,7 @@ __all__ = ["DriverOutput", "SparkApplication"]
 _UI_PORT = re.compile(r"Successfully started service 'SparkUI' on port (\d+)")
 _UI_URL = re.compile(r"Bound SparkUI to \S+, and started at (https?://\S+)")
 _DRIVER_HOST = re.compile(r"NettyBlockTransferService: Server created on (\S+):\d+")
+_APP_ID_SHAPES = (re.compile(r"app-\d+-\d+"), re.compile(r"application_\d+_\d+"))
 _APP_IDS = (
     re.compile(r"Connected to Spark cluster with app ID (app-\d+-\d+)"),
     re.compile(r"\b(application_\d+_\d+)\b"),
@@ -68,6 +74,14 @@ class SparkApplication:
             self.ui_port = int(match[1])
         if self.ui_url_logged is None and (match := _UI_URL.search(line)):
             self.ui_url_logged = match[1]
+        # The job's own line (Spark's lines above are below its log level): the UI's address, and the
+        # application id where it is a cluster's (a local master's "local-..." names no page elsewhere).
+        if (application := parse_application_line(line)) is not None:
+            app_id, ui_url = application
+            if self.ui_url_logged is None and ui_url is not None:
+                self.ui_url_logged = ui_url
+            if self.app_id is None and any(pattern.fullmatch(app_id) for pattern in _APP_ID_SHAPES):
+                self.app_id = app_id
         if self.driver_host is None and (match := _DRIVER_HOST.search(line)):
             self.driver_host = match[1]
         return (self.app_id, self.ui_port, self.ui_url_logged, self.driver_host) != before

@@ -13,7 +13,13 @@ if __package__ in (None, ""):
     # (a --py-files zip or an installed package takes precedence when present).
     sys.path.append(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from spark_jobs.delta_merge.contract import METRICS_PREFIX, PROGRESS_PREFIX, failure_line, metrics_line
+from spark_jobs.delta_merge.contract import (
+    METRICS_PREFIX,
+    PROGRESS_PREFIX,
+    application_line,
+    failure_line,
+    metrics_line,
+)  # fmt: skip
 
 __all__ = ["METRICS_PREFIX", "main"]
 
@@ -70,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         # spark.log.level: Spark's log level from the context's start (a submitted conf still wins).
         builder = SparkSession.builder.appName(f"delta-merge {spec.target.uri}")
         spark = builder.config("spark.log.level", "WARN").getOrCreate()
+        context = spark.sparkContext
+        print(application_line(context.applicationId, context.uiWebUrl), file=sys.stderr, flush=True)
         metrics = run_merge(spark, spec)
         print(metrics_line(metrics.to_dict()), flush=True)
     except MergeJobError as exc:

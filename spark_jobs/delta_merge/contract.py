@@ -49,6 +49,7 @@ __all__ = [
     "TableStorageError",
     "TargetSpec",
     "app_transaction_version",
+    "application_line",
     "check_merge_sql",
     "credentials_named",
     "failed_expectations",
@@ -58,6 +59,7 @@ __all__ = [
     "is_deterministic",
     "is_secret_option",
     "metrics_line",
+    "parse_application_line",
     "parse_failure_line",
     "parse_metrics_line",
     "read_commit_actions",
@@ -73,6 +75,11 @@ FAILURE_PREFIX = "MERGE failed: "
 # Every line of the job's own log (its stages, on stderr) starts with this.
 PROGRESS_PREFIX = "[delta-merge] "
 
+# ... and, once its SparkContext runs, one progress line naming its application and the live UI: the job
+# starts its context at log level WARN, below Spark's own INFO lines that say where the UI listens.
+_APPLICATION = re.compile(
+    re.escape(PROGRESS_PREFIX) + r"Spark application (?P<id>\S+), its UI at (?P<ui>\S+)"
+)
 _FAILURE = re.compile(re.escape(FAILURE_PREFIX) + r"(?P<kind>[A-Za-z_][A-Za-z0-9_]*): ?(?P<message>.*)$")
 # Py4J's first line for a Java exception; the Java exception's own "<class>: <message>" follows it.
 _PY4J_CALL = re.compile(r"An error occurred while calling [\w.$]+\.?")
@@ -95,6 +102,19 @@ def is_deterministic(kind: str | None) -> bool:
     """Whether the job's error type ``kind`` is one a retry cannot fix (spec, analysis, table features,
     data: casts, overflow, constraints, multiple matches, expectations). Unknown names are not."""
     return kind in DETERMINISTIC_ERRORS
+
+
+def application_line(app_id: str, ui_url: str | None) -> str:
+    """The job's line naming its Spark application and its driver's web UI (``none`` when disabled)."""
+    return f"{PROGRESS_PREFIX}Spark application {app_id}, its UI at {ui_url or 'none'}"
+
+
+def parse_application_line(line: str) -> tuple[str, str | None] | None:
+    """(application id, UI address or None) from :func:`application_line`'s line; None for other lines."""
+    match = _APPLICATION.search(line)
+    if match is None:
+        return None
+    return match["id"], None if match["ui"] == "none" else match["ui"]
 
 
 def failure_line(error: BaseException) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -39,11 +40,13 @@ def spec(target: Path, source: Path, sql: str) -> dict[str, Any]:
     return {"target": {"uri": str(target)}, "source": {"uri": str(source)}, "merge_sql": sql}
 
 
-def submit(*args: str) -> subprocess.CompletedProcess[str]:
+def submit(*args: str, confs: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     assert SPARK_SUBMIT.is_file(), SPARK_SUBMIT
     env = {**os.environ, "PYSPARK_PYTHON": str(PYTHON), "PYSPARK_DRIVER_PYTHON": str(PYTHON)}
-    confs = [arg for key, value in fast_start_confs().items() for arg in ("--conf", f"{key}={value}")]
-    command = [str(SPARK_SUBMIT), "--master", "local[1]", *confs, "spark_jobs/delta_merge/__main__.py", *args]
+    given = {**fast_start_confs(), **(confs or {})}
+    confs_args = [arg for key, value in given.items() for arg in ("--conf", f"{key}={value}")]
+    command = [str(SPARK_SUBMIT), "--master", "local[1]", *confs_args, "spark_jobs/delta_merge/__main__.py",
+               *args]  # fmt: skip
     return subprocess.run(
         command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
 
@@ -75,6 +78,26 @@ def test_spec_file_prints_one_metrics_line(tables: tuple[Path, Path], tmp_path: 
     stored = read_commit_info(str(target), 1)["operationMetrics"]
     assert {name: int(stored[name]) for name in DELTA_METRIC_NAMES} == {
         name: metrics[name] for name in DELTA_METRIC_NAMES}
+
+
+def test_the_driver_names_its_live_ui_for_the_provider_at_the_jobs_quiet_log_level(
+    tables: tuple[Path, Path],
+) -> None:
+    # The job starts its context at WARN, below Spark's INFO line with the UI's port: its own line says it.
+    from airflow_merge_provider.driver_output import SparkApplication
+
+    target, source = tables
+    sql = "MERGE INTO t USING s ON t.id = s.id WHEN MATCHED THEN UPDATE SET *"
+    result = submit("--spec-json", json.dumps(spec(target, source, sql)), confs={"spark.ui.enabled": "true"})
+
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Successfully started service 'SparkUI'" not in result.stderr  # Spark's own line stays hidden
+    application = SparkApplication()
+    for line in (result.stdout + result.stderr).splitlines():
+        application.feed(line)
+    assert application.ui_url is not None, result.stderr[-3000:]
+    assert re.fullmatch(r"http://[^/:]+:\d+", application.ui_url), application.ui_url
+    assert application.app_id is None  # a local master's application has no page of a cluster's
 
 
 def test_failing_merge_exits_non_zero_with_the_cause_last_on_stderr(tables: tuple[Path, Path]) -> None:

@@ -23,6 +23,21 @@ def test_a_local_drivers_ui_comes_from_its_port_and_host() -> None:
     assert (application.app_id, application.ui_url) == (None, "http://192.0.2.2:4040")
 
 
+def test_the_jobs_own_line_names_the_live_ui_and_a_clusters_application() -> None:
+    # The job runs at log level WARN: Spark's INFO lines above never come; its own line does.
+    from spark_jobs.delta_merge.contract import application_line
+
+    local = SparkApplication()
+    assert local.feed(application_line("local-1764840000000", "http://192.0.2.2:4041")) is True
+    assert (local.app_id, local.ui_url) == (None, "http://192.0.2.2:4041")
+    standalone = SparkApplication()
+    standalone.feed(application_line("app-20261204101010-0003", "http://10.0.0.5:4040"))
+    assert (standalone.app_id, standalone.ui_url) == ("app-20261204101010-0003", "http://10.0.0.5:4040")
+    without_ui = SparkApplication()
+    assert without_ui.feed(application_line("local-1", None)) is False
+    assert without_ui.ui_url is None
+
+
 def test_application_ids_of_a_standalone_master_and_of_yarn() -> None:
     standalone = SparkApplication()
     standalone.feed(
