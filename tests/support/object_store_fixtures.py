@@ -20,6 +20,18 @@ def s3_server() -> Iterator[S3Server]:
     server.stop()
 
 
+@pytest.fixture(scope="module", name="s3_server")
+def own_s3_server() -> Iterator[S3Server]:
+    """An S3 server of one module's own, in place of the shared one (``bucket`` then uses it): a module
+    imports it to keep its clients away from the server the other S3 tests share (Delta's S3A client,
+    the AWS SDK v2)."""
+    server = start_s3_server()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 @pytest.fixture
 def bucket(s3_server: S3Server) -> str:
     """A new, empty bucket (tests never share tables)."""

@@ -21,18 +21,8 @@ from deltalake import DeltaTable, write_deltalake
 
 from tests.support.delta_on_s3 import DeltaOnS3, DeltaOnS3Error, start_delta_on_s3
 from tests.support.delta_spark import delta_s3_session_confs
-from tests.support.s3_server import REGION, S3Server, start_s3_server
-
-
-@pytest.fixture(scope="module")
-def s3_server() -> Iterator[S3Server]:
-    """An S3 server of this module's own (the ``bucket`` fixture uses it): Delta's S3A client (the AWS SDK
-    v2) does not talk to the server the other S3 tests share."""
-    server = start_s3_server()
-    try:
-        yield server
-    finally:
-        server.stop()
+from tests.support.object_store_fixtures import own_s3_server  # noqa: F401  (the fixture s3_server, own)
+from tests.support.s3_server import REGION, S3Server
 
 
 @pytest.fixture(scope="module")

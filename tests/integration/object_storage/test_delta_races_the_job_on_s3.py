@@ -28,25 +28,15 @@ from tests.support.delta_races import (
     race_both,
     writer_pair,
 )  # fmt: skip
+from tests.support.object_store_fixtures import own_s3_server  # noqa: F401  (the fixture s3_server, own)
 from tests.support.race_writer import RaceWriter
-from tests.support.s3_server import REGION, S3Server, start_s3_server
+from tests.support.s3_server import REGION, S3Server
 
 # One pair of each kind: a conflict over a rewritten file, a blind append where the merge read, no conflict
 # (another partition), and Delta's compaction losing to the job.
 ON_S3 = ("update-same-file", "blind-insert-where-read", "merge-other-partition")
 JOB_LOSES_ON_S3 = [pair for pair in JOB_LOSES if pair[0] in ON_S3]
 DELTA_LOSES_ON_S3 = [pair for pair in DELTA_LOSES if pair[0] in ("optimize", "merge-same-partition")]
-
-
-@pytest.fixture(scope="module")
-def s3_server() -> Iterator[S3Server]:
-    """An S3 server of this module's own (the ``bucket`` fixture uses it): Delta's S3A client (the AWS SDK
-    v2) does not talk to the server the other S3 tests share."""
-    server = start_s3_server()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")
