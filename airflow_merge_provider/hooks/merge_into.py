@@ -27,11 +27,13 @@ from spark_jobs.delta_merge.contract import (
 )
 
 __all__ = [
+    "DELTA_PACKAGE",
     "JobFailure",
     "MergeSubmitHook",
     "SubmitOutputLevels",
     "job_arguments",
     "kubernetes_provider_installed",
+    "with_delta",
 ]
 
 _DEFAULT_BINARY = "spark-submit"
@@ -51,6 +53,41 @@ _JAVA_UNCAUGHT = re.compile(r'^Exception in thread "[^"]*" ')
 _PYTHON_TRACEBACK = "Traceback (most recent call last):"
 # warnings.showwarning's "<file>:<line>: <Category>: <message>".
 _PYTHON_WARNING = re.compile(r"^\S.*:\d+: (?:[A-Z]\w*)?Warning: ")
+
+
+# Delta Lake for the delta engine: the version the provider is tested against (delta-spark 4.4 for Spark 4.2).
+DELTA_PACKAGE = "io.delta:delta-spark_4.2_2.13:4.4.0"
+DELTA_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
+DELTA_CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
+# The connection extra's value that says the cluster's Spark loads Delta itself (jars, extension, catalog).
+DELTA_ON_THE_CLUSTER = "cluster"
+
+
+def with_delta(conf: Mapping[str, str], delta_package: object) -> tuple[dict[str, str], str | None]:
+    """spark-submit's confs and ``--packages`` for an application that runs Delta's own MERGE.
+
+    ``delta_package`` (the Spark connection's extra): unset, Delta's Maven coordinate
+    :data:`DELTA_PACKAGE`; another coordinate, that one (a mirror's, another Delta version); ``"cluster"``,
+    nothing added: the cluster's spark-defaults load Delta. Delta's SQL extension joins any the conf already
+    names, and its catalog is the default unless the conf names another.
+
+    :raises MergeArgumentError: the extra is neither ``"cluster"`` nor a ``group:artifact:version``.
+    """
+    if delta_package == DELTA_ON_THE_CLUSTER:
+        return dict(conf), None
+    package = DELTA_PACKAGE if delta_package in (None, "") else delta_package
+    if not isinstance(package, str) or len(package.split(":")) != 3:
+        raise MergeArgumentError(
+            f"The Spark connection's extra delta_package must be Delta's Maven coordinate (such as "
+            f"{DELTA_PACKAGE!r}) or {DELTA_ON_THE_CLUSTER!r} (the cluster loads Delta itself), found "
+            f"{package!r}"
+        )
+    merged = dict(conf)
+    extensions = [name.strip() for name in merged.get("spark.sql.extensions", "").split(",") if name.strip()]
+    if DELTA_EXTENSION not in extensions:
+        merged["spark.sql.extensions"] = ",".join([*extensions, DELTA_EXTENSION])
+    merged.setdefault("spark.sql.catalog.spark_catalog", DELTA_CATALOG)
+    return merged, package
 
 
 class MergeSubmitHook(SparkSubmitHook):
@@ -81,13 +118,15 @@ class MergeSubmitHook(SparkSubmitHook):
         spark_conf: Mapping[str, Any] | None = None,
         env_vars: Mapping[str, str] | None = None,
         detached: bool = False,
+        delta: bool = False,
         **kwargs: Any,
     ) -> MergeSubmitHook:
         """A hook for the merge job on the Spark connection ``conn_id``, with the job's ``--py-files``.
 
         On a ``local`` master, spark-submit's ``PYSPARK_PYTHON`` and ``PYSPARK_DRIVER_PYTHON`` default to
         this interpreter, which has the job's dependencies. ``detached``: in cluster deploy mode,
-        spark-submit returns once the application is accepted.
+        spark-submit returns once the application is accepted. ``delta``: the application loads Delta Lake
+        (the ``delta`` engine): :func:`with_delta`, by the connection's ``delta_package`` extra.
 
         :raises MergeArgumentError: the connection is not defined (the parent hook would silently fall
             back to master ``yarn``).
@@ -105,6 +144,8 @@ class MergeSubmitHook(SparkSubmitHook):
         if detached:
             conf.setdefault("spark.yarn.submit.waitAppCompletion", "false")
             conf.setdefault("spark.kubernetes.submission.waitAppCompletion", "false")
+        if delta:
+            conf, kwargs["packages"] = with_delta(conf, connection.extra_dejson.get("delta_package"))
         env = dict(env_vars or {})
         if str(connection.host or "").startswith("local"):
             for variable in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON"):

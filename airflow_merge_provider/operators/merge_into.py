@@ -15,6 +15,7 @@ from airflow_merge_provider.assets import default_outlet, record_merge_event
 from airflow_merge_provider.driver_output import SparkApplication
 from airflow_merge_provider.driver_process import DriverRef, driver_state, remove_spec_file, stop_driver
 from airflow_merge_provider.errors import (
+    MergeArgumentError,
     MergeJobFailedError,
     MergeProviderError,
     MergeSpecInvalidError,
@@ -218,6 +219,14 @@ class MergeIntoOperator(ResumableJobMixin, BaseOperator):
     :param openlineage_inject_transport_info: add the OpenLineage transport to the Spark conf (default:
         ``[openlineage] spark_inject_transport_info``). It lands on spark-submit's command line, as with
         ``SparkSubmitOperator``: keep API keys out of such a transport.
+    :param engine: ``"native"`` (default): the packaged job does Delta's MERGE itself, on any Spark 4.
+        ``"delta"``: Delta Lake's own ``MERGE INTO`` runs the same statement and source, with the same
+        XCom (from the commit's ``operationMetrics``), idempotency key (Delta's ``txnAppId``/``txnVersion``),
+        asset event, lineage, sensor and branching. Through spark-submit the operator adds Delta's package
+        and SQL extension, unless the connection's extra ``delta_package`` is ``"cluster"`` (or names another
+        coordinate); on Spark Connect the server must have Delta. ``dry_run``, ``expected_metrics``,
+        ``options['target_file_size']``, a target's ``storage_options``, ``aws_conn_id`` and
+        ``azure_conn_id`` are native-only and refused when the operator is built. See the "Which engine" page.
     """
 
     template_fields: Sequence[str] = (
@@ -272,6 +281,7 @@ class MergeIntoOperator(ResumableJobMixin, BaseOperator):
         durable: bool | None = None,
         openlineage_inject_parent_job_info: bool | None = None,
         openlineage_inject_transport_info: bool | None = None,
+        engine: str = "native",
         **kwargs: Any,
     ) -> None:
         reject_unknown_arguments(
@@ -285,6 +295,10 @@ class MergeIntoOperator(ResumableJobMixin, BaseOperator):
             raise ValueError(
                 f"MergeIntoOperator: give either merge_sql or condition with when_* clauses, found {found}"
             )
+        _check_engine(
+            engine, options=options or {}, dry_run=dry_run, expected_metrics=expected_metrics, target=target,
+            storage_connections={"aws_conn_id": aws_conn_id, "azure_conn_id": azure_conn_id},
+        )  # fmt: skip
         if durable is not None:
             kwargs["durable"] = durable  # else the mixin's default, or default_args'
         super().__init__(**kwargs)
@@ -322,6 +336,7 @@ class MergeIntoOperator(ResumableJobMixin, BaseOperator):
             else deferrable
         )  # fmt: skip
         self.poll_interval = poll_interval
+        self.engine = engine
         self.openlineage_inject_parent_job_info = _conf_default(
             openlineage_inject_parent_job_info, "spark_inject_parent_job_info"
         )
@@ -357,6 +372,10 @@ class MergeIntoOperator(ResumableJobMixin, BaseOperator):
                  "when_not_matched_by_source", "target_alias", "source_alias", "options", "expected_metrics",
                  "commit_metadata", "app_id", "app_version")  # fmt: skip
         fields = {name: getattr(self, name) for name in names} | {"dry_run": self.dry_run_merge}
+        if self.engine != "native":
+            options = fields["options"]
+            if isinstance(options, Mapping):
+                fields["options"] = {**options, "engine": self.engine}
         clear_number = getattr(context["dag_run"], "clear_number", None) or 0
         data = spec_dict(
             fields=fields, dag_id=ti.dag_id, task_id=ti.task_id, run_id=ti.run_id, map_index=ti.map_index,
@@ -505,6 +524,7 @@ class MergeIntoOperator(ResumableJobMixin, BaseOperator):
                 transport=self.openlineage_inject_transport_info,
             ),
             env_vars=self.env_vars, detached=detached, spark_binary=self.spark_binary,
+            delta=self.engine == "delta",
             executor_memory=self.executor_memory, driver_memory=self.driver_memory,
             executor_cores=self.executor_cores, num_executors=self.num_executors,
             total_executor_cores=self.total_executor_cores,
@@ -666,6 +686,48 @@ class MergeIntoOperator(ResumableJobMixin, BaseOperator):
         from airflow_merge_provider.lineage import merge_lineage
 
         return None if self._spec is None else merge_lineage(self._spec, self._result or {})
+
+
+def _check_engine(
+    engine: str, *, options: Mapping[str, Any], dry_run: bool | None,
+    expected_metrics: Mapping[str, Any] | None, target: object, storage_connections: Mapping[str, str | None],
+) -> None:
+    """Refuse an unknown engine, and for ``delta`` every argument only the native job honours, naming it.
+
+    :raises MergeArgumentError: when the operator is built (a DAG import error), before anything runs.
+    """
+    from spark_jobs.delta_merge.contract import ENGINES, NATIVE_ONLY_OPTIONS
+
+    if engine not in ENGINES:
+        raise MergeArgumentError(
+            f"MergeIntoOperator: engine must be one of {', '.join(ENGINES)}, found {engine!r}"
+        )
+    given_engine = options.get("engine") if isinstance(options, Mapping) else None
+    if given_engine is not None and given_engine != engine:
+        raise MergeArgumentError(
+            f"MergeIntoOperator: options['engine'] is {given_engine!r} but engine is {engine!r}: give the "
+            "engine once, as engine="
+        )
+    if engine != "delta":
+        return
+    storage = isinstance(target, Mapping) and bool(target.get("storage_options"))
+    file_size = options.get("target_file_size") is not None
+    connections = {name: ("target.storage_options", conn_id is not None)
+                   for name, conn_id in storage_connections.items()}  # fmt: skip
+    asked = {
+        "dry_run": ("options.dry_run", dry_run or (dry_run is None and options.get("dry_run") is True)),
+        "expected_metrics": ("expected_metrics", bool(expected_metrics)),
+        "options['target_file_size']": ("options.target_file_size", file_size),
+        "target's storage_options": ("target.storage_options", storage),
+        **connections,
+    }
+    refused = [(name, field) for name, (field, given) in asked.items() if given]
+    if refused:
+        reasons = "; ".join(f"{name}: {NATIVE_ONLY_OPTIONS[field]}" for name, field in refused)
+        raise MergeArgumentError(
+            f"MergeIntoOperator: engine='delta' cannot honour {', '.join(name for name, _ in refused)} "
+            f"({reasons}). Leave them out, or keep the native engine (the default), which does."
+        )
 
 
 def _conf_default(value: bool | None, key: str) -> bool:

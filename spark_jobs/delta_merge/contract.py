@@ -29,16 +29,18 @@ from spark_jobs.delta_merge.storage.storage_secrets import is_secret_option
 
 if TYPE_CHECKING:
     from spark_jobs.delta_merge.pipeline import run_merge
-    from spark_jobs.delta_merge.spec import MergeSpec, SourceSpec, TargetSpec
+    from spark_jobs.delta_merge.spec import ENGINES, NATIVE_ONLY_OPTIONS, MergeSpec, SourceSpec, TargetSpec
 
 __all__ = [
     "AZURE_SCHEMES",
     "DELTA_METRIC_NAMES",
     "DETERMINISTIC_ERRORS",
+    "ENGINES",
     "FAILURE_PREFIX",
     "MERGE_ENGINE",
     "MERGE_OPERATION",
     "METRICS_PREFIX",
+    "NATIVE_ONLY_OPTIONS",
     "PROGRESS_PREFIX",
     "JobFailure",
     "MergeJobError",
@@ -224,7 +226,7 @@ def check_merge_sql(merge_sql: str) -> None:
 
 def __getattr__(name: str) -> Any:
     # MergeSpec loads the SQL parser (sqlglot): only when the provider first builds or reads a spec.
-    if name in ("MergeSpec", "SourceSpec", "TargetSpec"):
+    if name in ("MergeSpec", "SourceSpec", "TargetSpec", "NATIVE_ONLY_OPTIONS", "ENGINES"):
         from spark_jobs.delta_merge import spec
 
         return getattr(spec, name)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import ExitStack, contextmanager
+from collections.abc import Mapping
+from contextlib import ExitStack
 from dataclasses import replace
 from typing import Any
 
@@ -14,6 +14,7 @@ from pyspark.sql import SparkSession
 from spark_jobs.delta_merge.analysis.analysis import resolve_merge
 from spark_jobs.delta_merge.analysis.spark_statement import check_with_spark_parser
 from spark_jobs.delta_merge.commit import applied_metrics, commit_merge
+from spark_jobs.delta_merge.delta_engine import run_delta_merge
 from spark_jobs.delta_merge.errors import MergeExecutionError
 from spark_jobs.delta_merge.expectations import check_expectations
 from spark_jobs.delta_merge.merge.execute import execute_merge
@@ -29,31 +30,16 @@ from spark_jobs.delta_merge.source.materialize import (
     statement_source,
     storage_level_for_attempt,
 )
+from spark_jobs.delta_merge.spark_confs import session_confs
 from spark_jobs.delta_merge.spec import MergeSpec, ParsedMerge
 from spark_jobs.delta_merge.stage_timing import measured_merge, stage
 from spark_jobs.delta_merge.storage.storage_errors import credentials_named
 
-__all__ = ["run_merge", "session_confs"]
+__all__ = ["run_merge"]
 
 log = logging.getLogger("delta_merge")
 
 _DEFAULT_TARGET_FILE_SIZE = 128 * 1024 * 1024
-
-
-@contextmanager
-def session_confs(spark: SparkSession, confs: Mapping[str, str]) -> Iterator[None]:
-    """Set session confs for the merge and restore the caller's values afterwards."""
-    previous = {key: spark.conf.get(key, None) for key in confs}
-    for key, value in confs.items():
-        spark.conf.set(key, value)
-    try:
-        yield
-    finally:
-        for key, old in previous.items():
-            if old is None:
-                spark.conf.unset(key)
-            else:
-                spark.conf.set(key, old)
 
 
 def _merge_confs(spark: SparkSession, spec: MergeSpec) -> dict[str, str]:
@@ -82,6 +68,8 @@ def _target_file_size(spec: MergeSpec, snapshot: TargetSnapshot) -> int:
 def run_merge(spark: SparkSession, spec: MergeSpec | Mapping[str, Any]) -> MergeMetrics:
     """Run one merge and return its metrics (committed, or only computed with ``options.dry_run``).
 
+    With ``options.engine`` ``delta``, Delta's own MERGE INTO runs it instead (:func:`run_delta_merge`).
+
     The steps of MergeIntoCommand.run: pin the target snapshot, resolve the statement, prepare
     (materialize) the source, find the touched files and rewrite them (or only append inserts), then
     commit one version. Any failure before the commit leaves the table as it was. When blocks of the
@@ -93,6 +81,8 @@ def run_merge(spark: SparkSession, spec: MergeSpec | Mapping[str, Any]) -> Merge
     parsed = spec.validate()
     if spec.merge_sql is not None:
         check_with_spark_parser(spark, spec.merge_sql, parsed)
+    if spec.options.engine == "delta":
+        return run_delta_merge(spark, spec, parsed)
     if parsed.schema_evolution and not spec.options.schema_evolution:
         # MERGE WITH SCHEMA EVOLUTION turns evolution on for this statement, as in Delta.
         spec = replace(spec, options=replace(spec.options, schema_evolution=True))

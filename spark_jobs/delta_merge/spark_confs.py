@@ -1,14 +1,16 @@
-"""Spark confs the job reads beside its spec: sizes in bytes, as Spark writes them."""
+"""Spark confs the job reads beside its spec (sizes in bytes, as Spark writes them) and sets for a merge."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 
 from pyspark.sql import SparkSession
 
 from spark_jobs.delta_merge.errors import MergeSpecError
 
-__all__ = ["size_conf"]
+__all__ = ["session_confs", "size_conf"]
 
 
 def size_conf(spark: SparkSession, name: str, default: int, *, never: str) -> int:
@@ -33,3 +35,19 @@ def _bytes(text: str) -> int:
     if match is None or match.group(2).lower() not in units:
         raise ValueError(text)
     return int(match.group(1)) * units[match.group(2).lower()]
+
+
+@contextmanager
+def session_confs(spark: SparkSession, confs: Mapping[str, str]) -> Iterator[None]:
+    """Set session confs for the merge and restore the caller's values afterwards."""
+    previous = {key: spark.conf.get(key, None) for key in confs}
+    for key, value in confs.items():
+        spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key, old in previous.items():
+            if old is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, old)

@@ -32,6 +32,8 @@ from spark_jobs.delta_merge.statement.parsed_merge import (
 )
 
 __all__ = [
+    "ENGINES",
+    "NATIVE_ONLY_OPTIONS",
     "ActionKind",
     "Assignment",
     "ClauseKind",
@@ -47,6 +49,21 @@ __all__ = [
 ]
 
 _SOURCE_FORMATS = ("delta", "parquet", "csv", "json", "orc")
+ENGINES = ("native", "delta")
+
+# What only the native job does, by the spec's field, and why Delta's MERGE cannot: refused before anything
+# runs (and by the operator when it is built).
+NATIVE_ONLY_OPTIONS: dict[str, str] = {
+    "options.dry_run": "Delta's MERGE has no dry run: it computes its metrics only by committing",
+    "expected_metrics": "Delta's MERGE commits before its metrics are known: there is no moment to check "
+    "them before the commit",
+    "options.target_file_size": "Delta's MERGE sizes its files by its own write (optimized writes and the "
+    "table's delta.targetFileSize), not per merge",
+    "target.storage_options": "Delta opens the table through the cluster's Hadoop file system settings "
+    "(spark.hadoop.fs.s3a.*, fs.azure.*, ...), not per-table storage options; configure those in "
+    "spark_conf or on the cluster",
+}
+
 # pyspark.StorageLevel's names (the job looks the level up there), NONE left out: it would not materialize.
 _STORAGE_LEVELS = (
     "DISK_ONLY", "DISK_ONLY_2", "DISK_ONLY_3", "MEMORY_AND_DISK", "MEMORY_AND_DISK_2",
@@ -177,6 +194,8 @@ class MergeOptions:
     :param resolve_structs_by_name: Delta's ``resolveMergeUpdateStructsByName.enabled``.
     :param shuffle_partitions: ``spark.sql.shuffle.partitions`` during the merge (None: chosen by size).
     :param dry_run: compute the metrics without writing or committing anything.
+    :param engine: ``native`` (default): the job's own MERGE pipeline, on any Spark; ``delta``: Delta's own
+        ``MERGE INTO``, on a session that has Delta (:mod:`spark_jobs.delta_merge.delta_engine`).
     """
 
     materialize_source: Literal["auto", "all", "none"] = "auto"
@@ -187,6 +206,7 @@ class MergeOptions:
     resolve_structs_by_name: bool = True
     shuffle_partitions: int | None = None
     dry_run: bool = False
+    engine: Literal["native", "delta"] = "native"
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, field: str = "options") -> MergeOptions:
@@ -203,6 +223,7 @@ class MergeOptions:
         _check_choice(self.materialize_storage_level, f"{field}.materialize_storage_level", _STORAGE_LEVELS)
         policies = ("ANSI", "LEGACY", "STRICT")
         _check_choice(self.store_assignment_policy, f"{field}.store_assignment_policy", policies)
+        _check_choice(self.engine, f"{field}.engine", ENGINES)
         for name in ("schema_evolution", "resolve_structs_by_name", "dry_run"):
             if not isinstance(getattr(self, name), bool):
                 raise _fail(f"{field}.{name}", "true or false", getattr(self, name))
@@ -386,6 +407,8 @@ class MergeSpec:
                 raise _fail(f"clauses[{index}]", "a MergeClause", clause)
             clause.validate(field=f"clauses[{index}]")
         _check_expected_metrics(self.expected_metrics)
+        if self.options.engine == "delta":
+            _check_delta_engine(self)
 
 
 class _Part(Protocol):
@@ -458,3 +481,28 @@ def _check_expected_metrics(value: object) -> None:
                 raise _fail(f"{where}.{comparator}", "a finite number", number)
         if "tolerance" in checks and ("equal_to" not in checks or checks["tolerance"] < 0):
             raise _fail(f"{where}.tolerance", "a number >= 0 alongside equal_to", dict(checks))
+
+
+def _check_delta_engine(spec: MergeSpec) -> None:
+    """Refuse what Delta's MERGE cannot honour, naming the spec's field.
+
+    :raises MergeSpecError: before anything runs.
+    """
+    asked = {
+        "options.dry_run": spec.options.dry_run,
+        "expected_metrics": bool(spec.expected_metrics),
+        "options.target_file_size": spec.options.target_file_size is not None,
+        "target.storage_options": bool(spec.target.storage_options),
+    }
+    refused = [name for name, given in asked.items() if given]
+    if refused:
+        reasons = "; ".join(f"{name}: {NATIVE_ONLY_OPTIONS[name]}" for name in refused)
+        raise MergeSpecError(
+            f"options.engine 'delta' cannot honour {', '.join(refused)} ({reasons}). Leave them out, or use "
+            "the native engine (options.engine 'native'), which does."
+        )
+    if spec.run.app_id is None:
+        raise MergeSpecError(
+            "run: options.engine 'delta' needs run.app_id and run.app_version: Delta records them as the "
+            "commit's app transaction, which is how the merge's commit (and its metrics) is found in the log"
+        )

@@ -15,7 +15,7 @@ from spark_jobs.delta_merge.errors import ConcurrentModificationError
 from spark_jobs.delta_merge.protocol.deletion_vectors import DeletionVector
 from spark_jobs.delta_merge.protocol.files import FileStats, LiveFile
 
-__all__ = ["AlreadyApplied", "ReadSet", "added_file", "check_winning_commit"]
+__all__ = ["CONFLICT_CLASSES", "AlreadyApplied", "ReadSet", "added_file", "check_winning_commit"]
 
 
 @dataclass(frozen=True)
@@ -73,6 +73,12 @@ _DELETE_READ = (
 _DELETE_DELETE = (
     "DELTA_CONCURRENT_DELETE_DELETE.WITH_PARTITION_HINT", "DELTA_CONCURRENT_DELETE_DELETE.WITHOUT_HINT"
 )
+
+_TRANSACTION = "DELTA_CONCURRENT_TRANSACTION"
+_PROTOCOL = "DELTA_PROTOCOL_CHANGED"
+_METADATA = "DELTA_METADATA_CHANGED"
+# Every class of a conflict with a concurrent commit, the job's and Delta's alike.
+CONFLICT_CLASSES = frozenset((*_APPEND, *_DELETE_READ, *_DELETE_DELETE, _TRANSACTION, _PROTOCOL, _METADATA))
 
 
 def _file_conflict(
@@ -141,7 +147,7 @@ def check_winning_commit(
             if read.app_version is not None and int(txn.get("version", -1)) >= read.app_version:
                 return AlreadyApplied(version, dict(info))
             raise _conflict(
-                version, "DELTA_CONCURRENT_TRANSACTION",
+                version, _TRANSACTION,
                 "ConcurrentTransactionException: This error occurs when multiple streaming queries are using "
                 "the same checkpoint to write into this table. Did you run multiple instances of the same "
                 f"streaming query at the same time?\nRefer to {_DOC} for more details.",
@@ -149,14 +155,14 @@ def check_winning_commit(
             )
     if any(True for _ in _of(actions, "protocol")):
         raise _conflict(
-            version, "DELTA_PROTOCOL_CHANGED",
+            version, _PROTOCOL,
             "ProtocolChangedException: The protocol version of the Delta table has been changed by a "
             f"concurrent update.\nRefer to {_DOC} for more details.",
             "changed the table's protocol",
         )
     if any(True for _ in _of(actions, "metaData")):
         raise _conflict(
-            version, "DELTA_METADATA_CHANGED",
+            version, _METADATA,
             f"MetadataChangedException: The metadata of the Delta table delta.`{read.table}` has been "
             "changed by a concurrent update. Please try the operation again.\n"
             f"Refer to {_DOC} for more details.",

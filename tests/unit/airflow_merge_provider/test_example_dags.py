@@ -18,7 +18,7 @@ EXAMPLES = ROOT / "dags_examples"
 EXAMPLE_FILES = sorted(EXAMPLES.glob("*.py"))
 EXPECTED_DAGS = {
     "merge_upsert_daily", "merge_upsert_daily_report", "merge_cdc_apply", "merge_metrics_branching",
-    "merge_fire_and_forget", "merge_examples_seed",
+    "merge_fire_and_forget", "merge_examples_seed", "merge_with_delta_engine",
 }  # fmt: skip
 
 
@@ -61,7 +61,7 @@ def test_every_example_merge_renders_to_a_valid_spec(dagbag: Any, make_context: 
         task for dag in dagbag.dags.values() for task in dag.tasks if isinstance(task, MergeIntoOperator)
     ]
     assert {task.task_id for task in merges} == {
-        "upsert_accounts", "apply_customer_changes", "sync_orders", "submit_merge"
+        "upsert_accounts", "apply_customer_changes", "sync_orders", "submit_merge", "upsert_customers"
     }  # fmt: skip
     for task in merges:
         context = make_context(dag_id=task.dag_id, task_id=task.task_id)
@@ -71,8 +71,10 @@ def test_every_example_merge_renders_to_a_valid_spec(dagbag: Any, make_context: 
         # The upsert is keyed on its date (a clear or another `dags test` skips); the others on the run.
         run_id, clear_number = context["run_id"], context["dag_run"].clear_number
         run_key = (f"airflow:{task.dag_id}.{task.task_id}:{run_id}", clear_number)
-        expected = ("accounts.2024-01-02", 1) if task.task_id == "upsert_accounts" else run_key
-        assert (spec.run.app_id, spec.run.app_version) == expected, task.task_id
+        by_date = {"upsert_accounts": ("accounts.2024-01-02", 1),
+                   "upsert_customers": ("customers.2024-01-02", 1)}  # fmt: skip
+        assert (spec.run.app_id, spec.run.app_version) == by_date.get(task.task_id, run_key), task.task_id
+        assert spec.options.engine == ("delta" if task.task_id == "upsert_customers" else "native")
 
 
 def test_the_cdc_example_purges_by_the_run_date(dagbag: Any, make_context: ContextFactory) -> None:

@@ -83,6 +83,7 @@ def test_to_dict_keys() -> None:
         "resolve_structs_by_name",
         "shuffle_partitions",
         "dry_run",
+        "engine",
     }
     assert MergeSpec.from_dict(with_(source={"query": "SELECT * FROM v"})).to_dict()["source"] == {
         "query": "SELECT * FROM v"
@@ -258,7 +259,7 @@ def test_bad_column_paths(text: str) -> None:
             with_(options={"nope": True}),
             "options: unknown option 'nope'; expected options among materialize_source, "
             "materialize_storage_level, schema_evolution, target_file_size, store_assignment_policy, "
-            "resolve_structs_by_name, shuffle_partitions, dry_run",
+            "resolve_structs_by_name, shuffle_partitions, dry_run, engine",
         ),
         (with_(run={"app": "x"}), "run: unknown key 'app'; did you mean 'app_id'?"),
         (

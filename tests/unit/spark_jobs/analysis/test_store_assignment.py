@@ -42,7 +42,7 @@ from deltalake import write_deltalake
 
 from spark_jobs.delta_merge import run_merge
 from spark_jobs.delta_merge.errors import CastFailureError, MergeAnalysisError, MergeJobError
-from spark_jobs.delta_merge.pipeline import session_confs
+from spark_jobs.delta_merge.spark_confs import session_confs
 from tests.support.delta_reader import read_table, table_version
 
 POLICIES = ("ANSI", "LEGACY", "STRICT")
