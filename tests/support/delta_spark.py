@@ -39,6 +39,7 @@ import pyspark
 
 __all__ = [
     "DELTA_ARTIFACT", "HADOOP_AWS_ARTIFACT", "S3A_KEY_CONFS", "DeltaJarsUnavailable", "delta_jars",
+    "delta_package_confs",
     "delta_s3_session_confs", "delta_session_confs", "s3a_jars",
 ]  # fmt: skip
 
@@ -50,6 +51,10 @@ DELTA_ARTIFACT = (
 # Beside the interpreter, as the class archive: a fresh virtualenv (a clean clone's) fetches its own.
 JARS_ROOT = Path(sys.prefix) / "delta-jars"
 _JARS_DIR = JARS_ROOT / DELTA_ARTIFACT.replace(":", "_")
+# The Ivy home Delta's jars were resolved in, kept: a later ``--packages`` of DELTA_ARTIFACT with these
+# settings (the delta engine's spark-submit) resolves from its cache, not from the network again.
+_DELTA_IVY = JARS_ROOT / "ivy"
+_IVY_SETTINGS_FILE = JARS_ROOT / "ivysettings.xml"
 _PYSPARK_JARS = Path(pyspark.__file__).parent / "jars"
 
 
@@ -91,6 +96,20 @@ def delta_jars() -> list[Path]:
     """The jars of :data:`DELTA_ARTIFACT` and what it pulls, fetched first if this virtualenv has none."""
     return _jars(DELTA_ARTIFACT, _JARS_DIR, "Delta's jars",
                  f"the version of the pip package delta-spark {DELTA_VERSION}")  # fmt: skip
+
+
+def delta_package_confs() -> dict[str, str]:
+    """Confs with which spark-submit ``--packages`` :data:`DELTA_ARTIFACT` resolves from the Ivy cache that
+    fetched Delta's jars (Maven Central first, ``~/.m2`` as fallback, as :func:`delta_jars` resolves)."""
+    delta_jars()
+    if not _IVY_SETTINGS_FILE.is_file():
+        _write_ivy_settings(_IVY_SETTINGS_FILE)
+    return {"spark.jars.ivy": str(_DELTA_IVY), "spark.jars.ivySettings": str(_IVY_SETTINGS_FILE)}
+
+
+def _write_ivy_settings(path: Path) -> None:
+    m2 = (Path.home() / ".m2" / "repository").as_uri()
+    path.write_text(_IVY_SETTINGS.format(central=_CENTRAL, m2=m2), encoding="utf-8")
 
 
 def s3a_jars() -> list[Path]:
@@ -154,10 +173,10 @@ def _fetch(artifact: str, jars_dir: Path, what: str, version_from: str) -> None:
     scratch Ivy home, then move its jars, less those pyspark ships, into ``jars_dir`` whole."""
     spark_submit = Path(sys.executable).parent / "spark-submit"
     with tempfile.TemporaryDirectory(prefix="delta-jars-", dir=JARS_ROOT) as scratch:
-        ivy = Path(scratch, "ivy")
+        # Delta's cache is kept (delta_package_confs); the S3A connector's (the 690 MB SDK bundle) is not.
+        ivy = _DELTA_IVY if artifact == DELTA_ARTIFACT else Path(scratch, "ivy")
         settings = Path(scratch, "ivysettings.xml")
-        m2 = (Path.home() / ".m2" / "repository").as_uri()
-        settings.write_text(_IVY_SETTINGS.format(central=_CENTRAL, m2=m2), encoding="utf-8")
+        _write_ivy_settings(settings)
         nothing = Path(scratch, "nothing.py")
         nothing.write_text("", encoding="utf-8")
         command = [str(spark_submit), "--master", "local[1]", "--packages", artifact,
