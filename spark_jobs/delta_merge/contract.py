@@ -83,6 +83,10 @@ _APPLICATION = re.compile(
     re.escape(PROGRESS_PREFIX) + r"Spark application (?P<id>\S+), its UI at (?P<ui>\S+)"
 )
 _FAILURE = re.compile(re.escape(FAILURE_PREFIX) + r"(?P<kind>[A-Za-z_][A-Za-z0-9_]*): ?(?P<message>.*)$")
+# spark-submit's own failure before any application runs: Ivy could not fetch a --packages artifact.
+_PACKAGES_UNRESOLVED = re.compile(
+    r"RuntimeException: \[(?:unresolved dependency|download failed): (?P<artifact>[^,\]]+)"
+)
 # Py4J's first line for a Java exception; the Java exception's own "<class>: <message>" follows it.
 _PY4J_CALL = re.compile(r"An error occurred while calling [\w.$]+\.?")
 
@@ -137,9 +141,26 @@ def failure_line(error: BaseException) -> str:
 
 
 def parse_failure_line(line: str) -> JobFailure | None:
-    """The failure a line of the job's output reports, or None (also for a line that only mentions it)."""
+    """The failure a line of the job's output reports, or None (also for a line that only mentions it).
+
+    spark-submit's own line for ``--packages`` it could not fetch counts too (``SparkPackagesUnresolved``):
+    the job never started, and the line says why better than the driver's silence.
+    """
     match = _FAILURE.search(line)
-    return None if match is None else JobFailure(match["kind"], match["message"])
+    if match is not None:
+        return JobFailure(match["kind"], match["message"])
+    unresolved = _PACKAGES_UNRESOLVED.search(line)
+    if unresolved is None:
+        return None
+    artifact = unresolved["artifact"].strip().removesuffix(": not found")
+    return JobFailure("SparkPackagesUnresolved", (
+        f"spark-submit could not fetch its --packages (first missing: {artifact}): "
+        "Ivy found them in none of its repositories (Maven Central by default, then ~/.m2, where a POM "
+        "without its jar also stops it; spark.jars.ivySettings in the cluster's spark-defaults.conf names "
+        "others). For engine='delta', make a repository reachable, or set the Spark connection's extra "
+        "delta_package to a coordinate your repository serves, or to 'cluster' when the cluster loads Delta "
+        "itself"
+    ))  # fmt: skip
 
 
 def metrics_line(metrics: Mapping[str, Any]) -> str:

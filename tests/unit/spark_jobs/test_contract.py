@@ -50,6 +50,23 @@ def test_the_failure_line_is_one_line_and_parses_back() -> None:
     assert parse_failure_line("26/01/01 INFO SparkContext: Running Spark version 4.2.0") is None
 
 
+@pytest.mark.parametrize("failed", [
+    "unresolved dependency: io.delta#delta-spark_4.2_2.13;9.9.9: not found",
+    "download failed: org.slf4j#slf4j-api;2.0.13!slf4j-api.jar, download failed: org.x#y;1!y.jar",
+])  # fmt: skip
+def test_spark_submit_s_own_line_for_packages_it_could_not_fetch_is_a_failure(failed: str) -> None:
+    line = f'Exception in thread "main" java.lang.RuntimeException: [{failed}]'
+
+    failure = parse_failure_line(line)
+
+    assert failure is not None
+    assert (failure.kind, failure.deterministic) == ("SparkPackagesUnresolved", False)  # retried
+    first = failed.split(": ", 1)[1].split(",")[0].removesuffix(": not found")
+    assert failure.message.startswith(f"spark-submit could not fetch its --packages (first missing: {first}")
+    assert "delta_package" in failure.message
+    assert parse_failure_line("\t\tunresolved dependency in a resolution report line") is None
+
+
 def test_an_unexpected_error_keeps_its_first_line() -> None:
     line = failure_line(RuntimeError("the driver died\n\tat org.apache.spark.Foo"))
     assert line == "MERGE failed: RuntimeError: the driver died"
