@@ -290,13 +290,18 @@ def find_app_transaction_commit(
 def first_merge_commit_after(
     uri: str, after_version: int, *, storage_options: Mapping[str, str] | None = None
 ) -> LoggedCommit | None:
-    """The oldest commit above ``after_version`` made by this job's merge (commitInfo's mergeEngine and
-    mergeOperation), with its app transaction; None when there is none (yet)."""
+    """The oldest merge commit above ``after_version``, with its app transaction; None when there is none
+    (yet). A merge commit: this job's (commitInfo's mergeEngine and mergeOperation), or another writer's
+    whose operation is Delta's ``MERGE`` (Delta's own MERGE INTO, the ``delta`` engine's included)."""
     latest = table_version(uri, storage_options=storage_options)
     for version in range(after_version + 1, latest + 1):
         actions = read_commit_actions(uri, version, storage_options=storage_options) or []
         info = commit_info_of(actions)
-        if info.get("mergeEngine") == MERGE_ENGINE and info.get("mergeOperation") == MERGE_OPERATION:
+        if info.get("mergeEngine") == MERGE_ENGINE:
+            merged = info.get("mergeOperation") == MERGE_OPERATION
+        else:
+            merged = info.get("operation") == "MERGE"
+        if merged:
             txn: dict[str, Any] = next((a["txn"] for a in actions if "txn" in a), {})
             app_version = txn.get("version")
             return version, info, txn.get("appId"), app_version if isinstance(app_version, int) else None

@@ -81,3 +81,22 @@ def test_a_commit_survives_a_dict_round_trip(table: str) -> None:
     commit = find_merge_commit(table, app_id="a", app_version=1)
     assert commit is not None
     assert MergeCommit.from_dict(commit.to_dict()) == commit
+
+
+def test_after_version_finds_another_writer_s_merge_as_it_finds_delta_s_own(tmp_path: Path) -> None:
+    # Delta's own MERGE INTO (the delta engine's) records operation MERGE without the job's markers; so does
+    # delta-rs's, written here. A plain append is still no merge.
+    import pyarrow as pa
+    from deltalake import DeltaTable
+
+    uri = create_table(tmp_path / "t")
+    append_rows(uri, [100])
+    source = pa.table({"id": pa.array([1, 200], pa.int64()), "name": ["one", "two hundred"]})
+    (DeltaTable(uri).merge(source=source, predicate="t.id = s.id", source_alias="s", target_alias="t")
+     .when_matched_update_all().when_not_matched_insert_all().execute())  # fmt: skip
+
+    found = find_merge_commit(uri, after_version=0)
+
+    assert found is not None
+    assert (found.version, found.app_id) == (2, None)
+    assert find_merge_commit(uri, after_version=2) is None
