@@ -115,7 +115,8 @@ def check_writable(snapshot: TargetSnapshot, *, removes_files: bool) -> None:
     raise UnsupportedTableFeatureError(
         f"{head}\nTarget {snapshot.table_uri} (version {snapshot.version}) uses Delta features this merge "
         f"job cannot write correctly, so nothing was written:\n{listing}\n"
-        "Run this merge with Delta Lake on Spark (delta-spark) instead, or change the table as suggested.",
+        "Run this merge with Delta Lake's own MERGE INTO instead (the operator's engine='delta', the spec's "
+        "options.engine 'delta', on a Spark that has Delta), or change the table as suggested.",
         error_class=error_class,
     )
 
