@@ -17,7 +17,7 @@ import pytest
 
 from tests.integration.airflow_merge_provider.test_example_seed import _run, _xcom
 from tests.integration.airflow_merge_provider.test_integration import _asset_events, _task_instances, _txns
-from tests.support.airflow_fixtures import AirflowHome, make_airflow_home
+from tests.support.airflow_fixtures import RETRY_DAG, AirflowHome, make_airflow_home
 from tests.support.connect_server import ConnectServer
 from tests.support.delta_reader import read_rows, table_version
 from tests.support.delta_reference import JOB_ONLY_METRICS
@@ -29,49 +29,36 @@ DATE = "2024-01-02"
 DAG_ID, TASK_ID = "merge_with_delta_engine", "upsert_customers"
 EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
 CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
-# The task fails after its merge committed, on its first try only; then, a statement Delta refuses.
-TEST_DAGS = '''
-from __future__ import annotations
-
+# The retry DAG of the native job's test (a task that fails after its merge committed, on its first try
+# only) with the delta engine; then a statement Delta refuses.
+RETRY_DAG_WITH_DELTA = (
+    RETRY_DAG.replace('dag_id="merge_retry_after_commit"', 'dag_id="delta_retry_after_commit"')
+    .replace('conn_id=os.environ["MERGE_EXAMPLES_SPARK_CONN_ID"],',
+             'conn_id=os.environ["MERGE_EXAMPLES_DELTA_CONN_ID"], engine="delta",')
+)  # fmt: skip
+BAD_STATEMENT_DAG = '''
 import os
-from datetime import timedelta
 
 import pendulum
 from airflow.sdk import DAG
-from airflow.sdk.exceptions import AirflowException
 
 from airflow_merge_provider.operators.merge_into import MergeIntoOperator
 
 DATA_DIR = os.environ["MERGE_EXAMPLES_DATA_DIR"]
-CONN_ID = os.environ["MERGE_EXAMPLES_DELTA_CONN_ID"]
-
-
-class FailsAfterCommitOnce(MergeIntoOperator):
-    def execute(self, context):
-        result = super().execute(context)
-        if context["ti"].try_number == 1:
-            raise AirflowException("failing after the merge committed")
-        return result
-
-
-with DAG(dag_id="delta_retry_after_commit", schedule=None, start_date=pendulum.datetime(2024, 1, 1, tz="UTC"),
-         default_args={"retries": 1, "retry_delay": timedelta(seconds=0)}):
-    FailsAfterCommitOnce(
-        task_id="append_names", engine="delta", conn_id=CONN_ID,
-        target=f"{DATA_DIR}/names", source=f"{DATA_DIR}/landing/names/{{{{ ds }}}}",
-        # Not idempotent on its own: applied twice, a name would grow twice.
-        merge_sql="MERGE INTO target t USING source s ON t.id = s.id "
-                  "WHEN MATCHED THEN UPDATE SET name = concat(t.name, s.name) WHEN NOT MATCHED THEN INSERT *",
-    )
 
 with DAG(dag_id="delta_bad_statement", schedule=None, start_date=pendulum.datetime(2024, 1, 1, tz="UTC")):
     MergeIntoOperator(
-        task_id="merge_names", engine="delta", conn_id=CONN_ID,
+        task_id="merge_names", engine="delta", conn_id=os.environ["MERGE_EXAMPLES_DELTA_CONN_ID"],
         target=f"{DATA_DIR}/names", source=f"{DATA_DIR}/landing/names/{{{{ ds }}}}",
         merge_sql="MERGE INTO target t USING source s ON t.id = s.id "
                   "WHEN MATCHED THEN UPDATE SET name = s.nope",
     )
 '''
+
+
+def _write_test_dags(home: AirflowHome) -> None:
+    (home.dags / "delta_retry_after_commit.py").write_text(RETRY_DAG_WITH_DELTA, encoding="utf-8")
+    (home.dags / "delta_bad_statement.py").write_text(BAD_STATEMENT_DAG, encoding="utf-8")
 
 
 def _table(path: Path, ids: list[int], prefix: str) -> str:
@@ -133,7 +120,7 @@ def delta_home(tmp_path_factory: pytest.TempPathFactory) -> AirflowHome:
     conn = json.dumps({"conn_type": "spark", "host": "local[2]"})
     home = make_airflow_home(root / "airflow", spark_conn_id="spark_delta", spark_conn=conn,
                              env={**env, "MERGE_EXAMPLES_DELTA_CONN_ID": "spark_delta"})  # fmt: skip
-    (home.dags / "delta_test_dags.py").write_text(TEST_DAGS, encoding="utf-8")
+    _write_test_dags(home)
     return home
 
 
@@ -172,7 +159,7 @@ def test_a_retry_after_delta_committed_applies_nothing_on_the_cluster_s_own_delt
     conn = json.dumps({"conn_type": "spark", "host": "local[2]", "extra": {"delta_package": "cluster"}})
     home = make_airflow_home(root / "airflow", spark_conn_id="spark_delta", spark_conn=conn,
                              env={**env, "MERGE_EXAMPLES_DELTA_CONN_ID": "spark_delta"})  # fmt: skip
-    (home.dags / "delta_test_dags.py").write_text(TEST_DAGS, encoding="utf-8")
+    _write_test_dags(home)
     names = _table(home.data / "names", list(range(3)), "n")
     _landing(home.data / "landing" / "names" / DATE, [1, 2, 9], "+")
 
@@ -187,6 +174,7 @@ def test_a_retry_after_delta_committed_applies_nothing_on_the_cluster_s_own_delt
     assert [metrics[name] for name in counts] == [2, 1, 1]
     output = (Path(home.env["AIRFLOW_HOME"]) / "dags-test-delta_retry_after_commit.log").read_text()
     assert "--packages" not in output
+    assert "with Delta's MERGE INTO (app transaction" in output
 
 
 def test_the_example_merges_with_delta_on_a_spark_connect_server(

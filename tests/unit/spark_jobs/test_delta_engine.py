@@ -14,6 +14,7 @@ import pytest
 
 from spark_jobs.delta_merge import run_merge
 from spark_jobs.delta_merge.errors import MergeAnalysisError, MultipleSourceRowMatchesError
+from tests.integration.airflow_merge_provider.test_integration import _txns
 from tests.support.delta_reader import read_rows, read_rows_with_kernel, table_version
 from tests.support.delta_reference import JOB_ONLY_METRICS, delta_history_metrics
 from tests.support.delta_tables import create_table
@@ -33,16 +34,6 @@ def _spec(table: str, source: str, merge_sql: str, version: int = 1, **run: Any)
     return {"target": {"uri": table}, "source": {"uri": source}, "merge_sql": merge_sql,
             "options": {"engine": "delta"},
             "run": {"app_id": "delta-engine", "app_version": version, **run}}  # fmt: skip
-
-
-def _txns(table: str) -> list[tuple[int, str, int]]:
-    found = []
-    for commit in sorted(Path(table, "_delta_log").glob("*.json")):
-        for line in commit.read_text(encoding="utf-8").splitlines():
-            action = json.loads(line)
-            if "txn" in action:
-                found.append((int(commit.stem), action["txn"]["appId"], action["txn"]["version"]))
-    return found
 
 
 def test_delta_merges_and_the_metrics_are_its_commit_s(merge_spark: Any, spark: Any, tmp_path: Path) -> None:
