@@ -33,6 +33,7 @@ from merge_bench.cases import CASES, DEFAULT_CASES, DV_CASES, DV_TARGETS, TARGET
 from merge_bench.data import Layout, build_source, ensure_pristine, pristine_dir
 from merge_bench.engines import (
     ALL_ENGINES,
+    DELTA_ENGINES,
     DV_ENGINES,
     ENGINES,
     Engine,
@@ -75,8 +76,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         nargs="+",
         default=None,
         choices=ALL_ENGINES,
-        help="engines, run in this order (default: job delta-rs naive arrow-floor spark-floor; with "
-        "--deletion-vectors, job job-cow delta-rs arrow-floor); arrow-floor and spark-floor are reference "
+        help="engines, run in this order (default: job delta delta-rs naive arrow-floor spark-floor; with "
+        "--deletion-vectors, job job-cow delta delta-rs arrow-floor); arrow-floor and spark-floor are "
+        "reference "
         "lines, not merges: they read and rewrite the touched files with pyarrow, or with two bare Spark "
         "queries, and their results are not checked",
     )
@@ -161,10 +163,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{info.matched_rows:,} matching, {info.not_matched_rows:,} new"
         )
     print("starting Spark ...", flush=True)
-    spark = start_spark(args.driver_memory)
+    spark = start_spark(args.driver_memory, with_delta=any(name in DELTA_ENGINES for name in args.engines))
     makers: dict[str, Callable[[], Engine]] = {
         "job": lambda: job_engine(spark),
         "job-cow": lambda: job_engine(spark, copy_on_write=True),
+        "delta": lambda: job_engine(spark, delta=True),
         "delta-rs": lambda: delta_rs_engine,
         "naive": lambda: naive_engine(spark),
         "arrow-floor": lambda: arrow_floor_engine(layout, pristine_dir(work, deletion_vectors=dv)),

@@ -15,6 +15,11 @@ that start-up (the empty application's median), the merge itself as the job meas
 (``executionTimeMs``, snapshot to commit, with its ``stageTimesMs``), and the rest (the job's imports,
 reading the spec, printing the metrics, shutdown). Goal: the merge adds <= 3 s over the empty application.
 
+With ``--delta`` (the default; ``--no-delta`` leaves it out), each repeat also submits the same merge with
+the spec's ``engine`` ``delta`` (Delta's own MERGE INTO) as the operator submits it: with Delta's package
+(resolved by spark-submit from the Ivy cache the tests fetched Delta's jars into) and SQL extension, into a
+fresh demo table of its own. Goal: the native job at most 1.0x Delta's MERGE, application to application.
+
 Then the same merge in a Spark that is already up (``benchmarks/warm_merges.py``, ``--warm-repeats`` times
 after one warm-up, each into a fresh demo table): on a Spark Connect server started here from the pyspark
 installation (``local[2]``, the same confs; each merge leases a session from the operator's pool and adds
@@ -44,6 +49,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from run_example import JOB_ENTRY_POINT, METRICS_MARKER, check_result, prepare_demo  # noqa: E402
 
 GOAL_SECONDS = 3.0
+NATIVE_VS_DELTA_GOAL = 1.0
 CONNECT_VS_SUBMIT_GOAL = 0.15
 CONNECT_VS_CLASSIC_GOAL = 1.3
 _CONNECT_SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
@@ -67,6 +73,24 @@ def _submit_argv(application: Path, *args: str) -> list[str]:
         str(spark_submit), "--master", "local[2]", "--conf", "spark.ui.enabled=false",
         "--conf", "spark.log.level=WARN", str(application), *args,
     ]  # fmt: skip
+
+
+def _delta_submit_argv(demo_spec: Path) -> list[str]:
+    """The README merge with the delta engine, submitted with Delta as the operator adds it."""
+    sys.path.insert(0, str(ROOT))
+    from airflow_merge_provider.hooks.merge_into import with_delta
+    from tests.support.delta_spark import delta_package_confs
+
+    spec = json.loads(demo_spec.read_text(encoding="utf-8"))
+    spec["options"] = {**spec.get("options", {}), "engine": "delta"}
+    delta_spec = demo_spec.with_name("merge_spec_delta.json")
+    delta_spec.write_text(json.dumps(spec), encoding="utf-8")
+    confs, package = with_delta(delta_package_confs(), None)
+    argv = _submit_argv(JOB_ENTRY_POINT, "--spec", str(delta_spec))
+    extra = ["--packages", str(package)]
+    extra += [arg for key, value in confs.items() for arg in ("--conf", f"{key}={value}")]
+    at = argv.index(str(JOB_ENTRY_POINT))
+    return argv[:at] + extra + argv[at:]
 
 
 def _timed(argv: Sequence[str]) -> tuple[float, str]:
@@ -135,6 +159,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--repeats", type=int, default=3, help="runs of each application (default 3)")
+    parser.add_argument("--delta", action=argparse.BooleanOptionalAction, default=True,
+                        help="also submit the merge with Delta's own MERGE INTO (default: yes)")
     parser.add_argument("--warm-repeats", type=int, default=5,
                         help="warm merges on Spark Connect and in a classic session (default 5)")
     args = parser.parse_args(argv)
@@ -142,6 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     empty_times: list[float] = []
     floor_times: list[float] = []
     merge_times: list[float] = []
+    delta_times: list[float] = []
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="submit-overhead-") as scratch:
         empty_app = Path(scratch) / "empty_application.py"
@@ -158,6 +185,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             problems = check_result(demo, metrics)
             if problems:
                 raise SystemExit("the merge did not do what the demo expects: " + "; ".join(problems))
+            if args.delta:
+                delta_demo = prepare_demo(Path(scratch) / f"demo-delta-{repeat}")
+                delta_seconds, delta_out = _timed(_delta_submit_argv(delta_demo.spec_path))
+                delta_problems = check_result(delta_demo, _merge_metrics(delta_out))
+                if delta_problems:
+                    raise SystemExit("Delta's merge did not do what the demo expects: "
+                                     + "; ".join(delta_problems))
+                delta_times.append(delta_seconds)
+                print(f"[{repeat}/{args.repeats}] Delta's MERGE through spark-submit {delta_seconds:6.2f} s",
+                      flush=True)  # fmt: skip
             empty_times.append(empty_seconds)
             floor_times.append(floor_seconds)
             merge_times.append(merge_seconds)
@@ -194,6 +231,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     status = "PASS" if added <= GOAL_SECONDS else "FAIL"
     print(f"\n  {status}  the merge adds {added:.2f} s over the empty application "
           f"(goal <= {GOAL_SECONDS:.0f} s); {merge - floor:.2f} s over the Spark floor")
+    if delta_times:
+        delta = statistics.median(delta_times)
+        ratio = merge / delta
+        status = "PASS" if ratio <= NATIVE_VS_DELTA_GOAL else "FAIL"
+        print(f"  spark-submit of the same merge with Delta's MERGE INTO (engine delta)  {delta:6.2f} s")
+        print(f"  {status}  the native job takes {ratio:.2f}x Delta's MERGE through spark-submit "
+              f"(goal <= {NATIVE_VS_DELTA_GOAL}x)")
     print(f"\n== warm merges, medians of {args.warm_repeats} after one warm-up ==")
     print(f"  on a Spark Connect server (session, artifact, merge)  {connect:6.2f} s")
     print(f"  in a warm classic session                             {classic:6.2f} s")

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ALL_ENGINES",
+    "DELTA_ENGINES",
     "DV_ENGINES",
     "ENGINES",
     "JOB_ENGINES",
@@ -44,12 +45,14 @@ __all__ = [
     "start_spark",
 ]
 
-ENGINES = ("job", "delta-rs", "naive", "arrow-floor", "spark-floor")
+ENGINES = ("job", "delta", "delta-rs", "naive", "arrow-floor", "spark-floor")
 # --deletion-vectors: the job merging on read (its default on such a table), the same job copying on write
 # (Delta's spark.databricks.delta.merge.deletionVectors.persistent=false for its runs), delta-rs, and the
 # arrow-floor reference as without the option.
-DV_ENGINES = ("job", "job-cow", "delta-rs", "arrow-floor")
+DV_ENGINES = ("job", "job-cow", "delta", "delta-rs", "arrow-floor")
 ALL_ENGINES = (*ENGINES, "job-cow")
+# Engines that need Delta Lake in the session: Delta's own MERGE INTO.
+DELTA_ENGINES = ("delta",)
 JOB_ENGINES = ("job", "job-cow")
 # Reference lines, not merges: timed and charted, but their results are not checked (they merge nothing,
 # so rows_after and the row counts mean nothing) and no target uses them.
@@ -73,21 +76,27 @@ class Outcome:
 Engine = Callable[[MergeCase, SourceInfo, Path, Path], Outcome]
 
 
-def job_engine(spark: SparkSession, *, copy_on_write: bool = False) -> Engine:
+def job_engine(spark: SparkSession, *, copy_on_write: bool = False, delta: bool = False) -> Engine:
     """This project's job, in-process: ``run_merge(spark, spec_dict)``; with ``copy_on_write``, with
     Delta's ``spark.databricks.delta.merge.deletionVectors.persistent=false`` set for the run (the touched
-    files of a deletion-vector table are rewritten, as on any other table)."""
+    files of a deletion-vector table are rewritten, as on any other table); with ``delta``, the spec's
+    ``engine`` is ``delta``: Delta's own MERGE INTO runs it in the same session (the operator's
+    ``engine="delta"``), its metrics read back from its commit."""
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
     from spark_jobs.delta_merge import run_merge
     from spark_jobs.delta_merge.merge.deletion_vector_updates import PERSISTENT_DELETION_VECTORS_CONF
 
     def run(case: MergeCase, source: SourceInfo, target: Path, scratch: Path) -> Outcome:
+        spec = job_spec(case, source, target)
+        if delta:
+            # The key Delta's commit is found by; every run starts from the pristine table, so one serves.
+            spec |= {"options": {"engine": "delta"}, "run": {"app_id": "merge-benchmark", "app_version": 1}}
         if copy_on_write:
             with _session_conf(spark, PERSISTENT_DELETION_VECTORS_CONF, "false"):
-                metrics = run_merge(spark, job_spec(case, source, target)).to_dict()
+                metrics = run_merge(spark, spec).to_dict()
         else:
-            metrics = run_merge(spark, job_spec(case, source, target)).to_dict()
+            metrics = run_merge(spark, spec).to_dict()
         spark.catalog.clearCache()
         return Outcome(
             metrics["numTargetFilesRemoved"],
@@ -315,14 +324,24 @@ def deletion_vector_counts(outcome: Outcome) -> dict[str, int]:
     return counts
 
 
-def start_spark(driver_memory: str) -> SparkSession:
-    """One local session for the whole benchmark (its ~8 s start is not measured)."""
+def start_spark(driver_memory: str, *, with_delta: bool = False) -> SparkSession:
+    """One local session for the whole benchmark (its ~8 s start is not measured); ``with_delta``: with
+    Delta Lake loaded (its jars, SQL extension and catalog, as the tests fetch them), for the ``delta``
+    engine; every engine then runs in that same session."""
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    builder = SparkSession.builder
+    if with_delta:
+        if str(ROOT) not in sys.path:
+            sys.path.insert(0, str(ROOT))
+        from tests.support.delta_spark import delta_session_confs
+
+        for key, value in delta_session_confs().items():
+            builder = builder.config(key, value)
     spark = (
-        SparkSession.builder.master("local[*]")
+        builder.master("local[*]")
         .appName("merge-benchmark")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")

@@ -74,6 +74,7 @@ def summarize(
             rows.append(row)
         bases = (
             ("naive", "ratio_vs_naive"),
+            ("delta", "ratio_vs_delta"),
             ("delta-rs", "ratio_vs_delta_rs"),
             ("job-cow", "ratio_vs_job_cow"),
         )
@@ -122,7 +123,7 @@ def print_report(summary: Sequence[Mapping[str, Any]], targets: Sequence[Mapping
     with_cow = any(row["engine"] == "job-cow" for row in summary)
     header = (
         f"  {'engine':<11} {'median s':>9} {'runs':>4} {'files removed':>13} {'files added':>11} "
-        f"{'rows copied':>13} {'x naive':>8} {'x delta-rs':>10}"
+        f"{'rows copied':>13} {'x naive':>8} {'x delta':>8} {'x delta-rs':>10}"
         + (f" {'x job-cow':>9} {'DVs':>5} {'rows marked':>12}" if with_cow else "")
     )
     print("\n== medians ==")
@@ -133,7 +134,7 @@ def print_report(summary: Sequence[Mapping[str, Any]], targets: Sequence[Mapping
             f"  {row['engine']:<11} {_fmt(row['median_seconds'], '.3f', 9)} {row['runs']:>4} "
             f"{_fmt(row.get('files_removed'), ',', 13)} {_fmt(row.get('files_added'), ',', 11)} "
             f"{_fmt(row.get('rows_copied'), ',', 13)} {_fmt(row.get('ratio_vs_naive'), '.3f', 8)} "
-            f"{_fmt(row.get('ratio_vs_delta_rs'), '.2f', 10)}"
+            f"{_fmt(row.get('ratio_vs_delta'), '.3f', 8)} {_fmt(row.get('ratio_vs_delta_rs'), '.2f', 10)}"
             + (
                 f" {_fmt(row.get('ratio_vs_job_cow'), '.3f', 9)} {_fmt(row.get('deletion_vectors'), ',', 5)} "
                 f"{_fmt(row.get('rows_marked'), ',', 12)}"
@@ -191,6 +192,7 @@ def machine_info() -> dict[str, Any]:
 _CHART_STYLE = {
     "job": ("tab:blue", "o", "-"),
     "job-cow": ("tab:purple", "s", "-"),
+    "delta": ("tab:green", "s", "-"),
     "delta-rs": ("tab:orange", "^", "-"),
     "naive": ("tab:red", "D", "-"),
     "arrow-floor": ("0.4", "x", "--"),
@@ -202,6 +204,7 @@ def _chart_label(engine: str, *, deletion_vectors: bool) -> str:
     labels = {
         "job": "job: deletion vectors (merge-on-read)" if deletion_vectors else "job (copy-on-write)",
         "job-cow": "job-cow (copy-on-write)",
+        "delta": "delta: Delta's own MERGE INTO (delta-spark 4.4)",
         "delta-rs": "delta-rs (copy-on-write)",
         "naive": "naive (Spark's full rewrite)",
         "arrow-floor": "Arrow read+write floor (the touched files)",
