@@ -117,7 +117,7 @@ def run_delta_merge(spark: SparkSession, spec: MergeSpec, parsed: ParsedMerge) -
         if parsed.source_query is not None:
             source = stack.enter_context(statement_source(spark, source, parsed.source_query))
         stack.enter_context(_temp_view(spark, source.df, view))
-        stack.enter_context(session_confs(spark, delta_merge_confs(spark, spec)))
+        stack.enter_context(session_confs(spark, delta_merge_confs(spec)))
         statement = delta_merge_statement(parsed, target_uri=spec.target.uri, source_view=view)
         log.info("MERGE into %s with Delta's MERGE INTO (app transaction %s v%s)", spec.target.uri,
                  spec.run.app_id, spec.run.app_version)  # fmt: skip
@@ -128,7 +128,7 @@ def run_delta_merge(spark: SparkSession, spec: MergeSpec, parsed: ParsedMerge) -
     return _committed_metrics(spec, started=started)
 
 
-def delta_merge_confs(spark: SparkSession, spec: MergeSpec) -> dict[str, str]:
+def delta_merge_confs(spec: MergeSpec) -> dict[str, str]:
     """The spec's options, idempotency key and commit metadata as Delta's (and Spark's) session confs."""
     options = spec.options
     confs = {
@@ -239,9 +239,9 @@ def _check_session_has_delta(spark: SparkSession) -> None:
         raise MergeSpecError(
             "options.engine 'delta' needs Delta Lake in the Spark session: spark.sql.extensions must name "
             f"{_DELTA_EXTENSION} (found {extensions or 'none'}), with Delta's jars on the class path "
-            "(spark.jars.packages io.delta:delta-spark_2.13:<version>). The operator adds both for a spark "
-            "connection unless its extra says the cluster has Delta; on Spark Connect, the server must be "
-            "started with them."
+            "(spark.jars.packages io.delta:delta-spark_4.2_2.13:4.4.0 for Spark 4.2). The operator adds both "
+            "for a spark connection unless its extra delta_package says 'cluster'; on Spark Connect, the "
+            "server must be started with them."
         )
 
 

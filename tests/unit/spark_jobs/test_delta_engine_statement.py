@@ -63,7 +63,7 @@ def test_the_options_key_and_metadata_become_delta_s_session_confs() -> None:
         run={"commit_metadata": {"team": "x", "n": 1}},
     ))  # fmt: skip
 
-    confs = delta_merge_confs(None, spec)  # type: ignore[arg-type]
+    confs = delta_merge_confs(spec)
 
     assert confs == {
         "spark.sql.ansi.enabled": "false",
@@ -106,3 +106,19 @@ def test_the_delta_engine_needs_the_idempotency_key_and_a_known_engine_name() ->
         MergeSpec.from_dict(_spec(run={"app_id": None, "app_version": None})).validate()
     with pytest.raises(MergeSpecError, match=r"options.engine: expected one of native, delta, found 'spark'"):
         MergeSpec.from_dict(_spec(options={"engine": "spark"})).validate()
+
+
+def test_a_session_without_delta_is_refused_before_anything_is_read() -> None:
+    from types import SimpleNamespace
+
+    from spark_jobs.delta_merge.delta_engine import run_delta_merge
+
+    spec = MergeSpec.from_dict(_spec(target={"uri": "/nowhere/no-table"}))
+    # Only the session's conf is asked: a session without Delta's SQL extension.
+    session = SimpleNamespace(conf=SimpleNamespace(get=lambda key, default=None: "com.example.Other"))
+
+    with pytest.raises(MergeSpecError) as refused:
+        run_delta_merge(session, spec, spec.validate())  # type: ignore[arg-type]
+
+    assert "needs Delta Lake in the Spark session" in str(refused.value)
+    assert "io.delta.sql.DeltaSparkSessionExtension (found com.example.Other)" in str(refused.value)
