@@ -51,10 +51,10 @@ DELTA_ARTIFACT = (
 # Beside the interpreter, as the class archive: a fresh virtualenv (a clean clone's) fetches its own.
 JARS_ROOT = Path(sys.prefix) / "delta-jars"
 _JARS_DIR = JARS_ROOT / DELTA_ARTIFACT.replace(":", "_")
-# The Ivy home Delta's jars were resolved in, kept: a later ``--packages`` of DELTA_ARTIFACT with these
-# settings (the delta engine's spark-submit) resolves from its cache, not from the network again.
-_DELTA_IVY = JARS_ROOT / "ivy"
-_IVY_SETTINGS_FILE = JARS_ROOT / "ivysettings.xml"
+# Under JARS_ROOT (read when called, as a test moves it): the Ivy home Delta's jars were resolved in, kept,
+# so that a later ``--packages`` of DELTA_ARTIFACT with these settings (the delta engine's spark-submit)
+# resolves from its cache, not from the network again; and those settings.
+_DELTA_IVY_HOME, _DELTA_IVY_SETTINGS = "ivy", "ivysettings.xml"
 _PYSPARK_JARS = Path(pyspark.__file__).parent / "jars"
 
 
@@ -102,9 +102,10 @@ def delta_package_confs() -> dict[str, str]:
     """Confs with which spark-submit ``--packages`` :data:`DELTA_ARTIFACT` resolves from the Ivy cache that
     fetched Delta's jars (Maven Central first, ``~/.m2`` as fallback, as :func:`delta_jars` resolves)."""
     delta_jars()
-    if not _IVY_SETTINGS_FILE.is_file():
-        _write_ivy_settings(_IVY_SETTINGS_FILE)
-    return {"spark.jars.ivy": str(_DELTA_IVY), "spark.jars.ivySettings": str(_IVY_SETTINGS_FILE)}
+    settings = JARS_ROOT / _DELTA_IVY_SETTINGS
+    if not settings.is_file():
+        _write_ivy_settings(settings)
+    return {"spark.jars.ivy": str(JARS_ROOT / _DELTA_IVY_HOME), "spark.jars.ivySettings": str(settings)}
 
 
 def _write_ivy_settings(path: Path) -> None:
@@ -174,7 +175,7 @@ def _fetch(artifact: str, jars_dir: Path, what: str, version_from: str) -> None:
     spark_submit = Path(sys.executable).parent / "spark-submit"
     with tempfile.TemporaryDirectory(prefix="delta-jars-", dir=JARS_ROOT) as scratch:
         # Delta's cache is kept (delta_package_confs); the S3A connector's (the 690 MB SDK bundle) is not.
-        ivy = _DELTA_IVY if artifact == DELTA_ARTIFACT else Path(scratch, "ivy")
+        ivy = JARS_ROOT / _DELTA_IVY_HOME if artifact == DELTA_ARTIFACT else Path(scratch, "ivy")
         settings = Path(scratch, "ivysettings.xml")
         _write_ivy_settings(settings)
         nothing = Path(scratch, "nothing.py")
