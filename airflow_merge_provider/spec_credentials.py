@@ -17,25 +17,25 @@ __all__ = ["refuse_credentials_on_the_command_line", "with_connection_credential
 
 
 def with_connection_credentials(
-    spec: MergeSpec, *, aws_conn_id: str | None, azure_conn_id: str | None = None, log: Any
-) -> MergeSpec:
+    spec: MergeSpec, *, aws_conn_id: str | None, azure_conn_id: str | None = None,
+    gcp_conn_id: str | None = None, log: Any,
+) -> MergeSpec:  # fmt: skip
     """``spec`` with the connections' credentials in its target's and source's storage options, each from
-    the connection for its store (S3: ``aws_conn_id``, Azure: ``azure_conn_id``; keys given there win) and
-    named as their source for the job's storage errors; ``spec`` itself without connections. Logs only the
-    keys' names."""
-    if aws_conn_id is None and azure_conn_id is None:
+    the connection for its store (S3: ``aws_conn_id``, Azure: ``azure_conn_id``, GCS: ``gcp_conn_id``; keys
+    given there win) and named as their source for the job's storage errors; ``spec`` itself without
+    connections. Logs only the keys' names."""
+    connections = {"aws_conn_id": aws_conn_id, "azure_conn_id": azure_conn_id, "gcp_conn_id": gcp_conn_id}
+    if all(conn_id is None for conn_id in connections.values()):
         return spec
-    return replace(spec, target=_with_connection(spec.target, aws_conn_id, azure_conn_id, log),
-                   source=_with_connection(spec.source, aws_conn_id, azure_conn_id, log))  # fmt: skip
+    return replace(spec, target=_with_connection(spec.target, connections, log),
+                   source=_with_connection(spec.source, connections, log))  # fmt: skip
 
 
-def _with_connection(part: _Part, aws_conn_id: str | None, azure_conn_id: str | None, log: Any) -> _Part:
+def _with_connection(part: _Part, connections: dict[str, str | None], log: Any) -> _Part:
     """The spec's target or source with its store's connection credentials, named as their source."""
     from airflow_merge_provider.hooks.storage_credentials import connection_storage_options
 
-    options, named = connection_storage_options(
-        part.storage_options, uri=part.uri, aws_conn_id=aws_conn_id, azure_conn_id=azure_conn_id
-    )
+    options, named = connection_storage_options(part.storage_options, uri=part.uri, **connections)
     if named is not None:
         log.info("Storage credentials of %s from %s (keys: %s)", part.uri, named,
                  ", ".join(sorted(set(options) - set(part.storage_options))))  # fmt: skip
@@ -49,7 +49,8 @@ def refuse_credentials_on_the_command_line(
     private file: only a waiting client-mode driver reads the spec from a file on this machine; any other
     driver would get it on spark-submit's command line. Options without secrets (endpoint, region) may.
 
-    :param connections: the storage connections given (``"aws_conn_id"``, ``"azure_conn_id"``).
+    :param connections: the storage connections given (``"aws_conn_id"``, ``"azure_conn_id"``,
+        ``"gcp_conn_id"``).
     :param private_file: whether this run passes the spec in a private file.
     :param how: how the task runs, for the message (``"deferrable=True"``, ...).
     :raises MergeArgumentError: naming the keys and what to do instead.

@@ -1,15 +1,18 @@
 """Storage credentials from Airflow connections, as deltalake-style storage options: an AWS connection's for
-S3 (``aws_conn_id``), an Azure connection's for Azure Blob Storage and ADLS Gen2 (``azure_conn_id``).
+S3 (``aws_conn_id``), an Azure connection's for Azure Blob Storage and ADLS Gen2 (``azure_conn_id``), a
+Google Cloud connection's for GCS (``gcp_conn_id``).
 
-The Azure connection is read by hand, field by field as the Microsoft Azure provider's ``wasb`` and ``adls``
-connection types define them: that provider's hooks build SDK clients, not the key material the job's
-executors need, and it need not be installed.
+The Azure and Google connections are read by hand, field by field as the Microsoft Azure provider's ``wasb``
+and ``adls`` and the Google provider's ``google_cloud_platform`` connection types define them: those
+providers' hooks build SDK clients, not the key material the job's executors need, and they need not be
+installed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
@@ -22,6 +25,7 @@ from spark_jobs.delta_merge.contract import AZURE_SCHEMES, is_secret_option
 
 __all__ = [
     "AzureStorageCredentialsHook",
+    "GcsStorageCredentialsHook",
     "StorageCredentialsHook",
     "aconnection_storage_options",
     "amazon_provider_installed",
@@ -41,6 +45,18 @@ _AZURE_ALIASES = {"access_key": "account_key", "master_key": "account_key", "sas
 _AZURE_KEY_PARTS = frozenset({"account_key", "sas_token", "client_id", "client_secret", "tenant_id"})
 # Hosts of Azure Storage accounts (public and sovereign clouds): ACCOUNT.blob|dfs.<suffix>.
 _AZURE_HOST_SUFFIXES = (".core.windows.net", ".core.chinacloudapi.cn", ".core.usgovcloudapi.net")
+_GCS_SCHEMES = ("gs", "gcs")
+# object_store's GCS spellings (after dropping ``google_``) of the credentials a connection gives.
+_GOOGLE_ALIASES = {"service_account_path": "service_account", "application_credentials": "service_account"}
+_GOOGLE_KEY_PARTS = frozenset({"service_account", "service_account_key"})
+# The Google provider's extras that name credentials this job cannot hand to object_store, and what to use.
+_GOOGLE_UNREAD = {
+    "key_secret_name": "a key in Secret Manager",
+    "key_secret_project_id": "a key in Secret Manager",
+    "credential_config_file": "workload identity federation",
+    "impersonation_chain": "service account impersonation",
+    "is_anonymous": "anonymous access",
+}
 
 
 def amazon_provider_installed() -> bool:
@@ -241,14 +257,98 @@ class AzureStorageCredentialsHook(BaseHook):
         )
 
 
+class GcsStorageCredentialsHook(BaseHook):
+    """Reads GCS credentials from an Airflow connection, as the job's ``storage_options`` keys (object_store's
+    names).
+
+    The connection's extras as the Google provider's ``google_cloud_platform`` type uses them (plain or with
+    its ``extra__google_cloud_platform__`` prefix; a generic connection with the same extras works too):
+    ``keyfile_dict`` (a service account key, JSON text or an object) becomes ``google_service_account_key``;
+    ``key_path`` (a key file every driver and executor can read) becomes ``google_service_account``. With
+    neither, nothing is added and the environment's credentials apply (``GOOGLE_APPLICATION_CREDENTIALS``,
+    the machines' service account), as the Google provider falls back to Application Default Credentials.
+
+    :param gcp_conn_id: the connection id.
+    """
+
+    conn_name_attr = "gcp_conn_id"
+    default_conn_name = "google_cloud_default"
+
+    def __init__(self, *, gcp_conn_id: str) -> None:
+        super().__init__()
+        self.gcp_conn_id = gcp_conn_id
+
+    def storage_options(self) -> dict[str, str]:
+        """``google_service_account_key`` or ``google_service_account``, or nothing for the environment's.
+
+        :raises MergeArgumentError: the connection is not defined, its key is not a service account key, or
+            it names credentials this job cannot use (Secret Manager, workload identity federation,
+            impersonation, anonymous access). The message names the connection and its extras, never a key.
+        """
+        try:
+            connection = self.get_connection(self.gcp_conn_id)
+        except AirflowNotFoundException as error:
+            raise self._not_defined() from error
+        return self._storage_options(_extras(connection.extra_dejson))
+
+    async def astorage_options(self) -> dict[str, str]:
+        """:meth:`storage_options` for async code (a trigger's ``run``)."""
+        try:
+            connection = await self.aget_connection(self.gcp_conn_id)
+        except AirflowNotFoundException as error:
+            raise self._not_defined() from error
+        return self._storage_options(_extras(await connection.aextra_dejson()))
+
+    def _storage_options(self, extra: Mapping[str, Any]) -> dict[str, str]:
+        extra = {key.rsplit("__", 1)[-1]: value for key, value in extra.items()
+                 if value not in (None, "", False)}  # fmt: skip
+        named = f"Google Cloud connection {self.gcp_conn_id!r} (gcp_conn_id)"
+        unread = sorted(name for name in _GOOGLE_UNREAD if name in extra)
+        if unread:
+            what = ", ".join(f"{name} ({_GOOGLE_UNREAD[name]})" for name in unread)
+            raise MergeArgumentError(
+                f"{named} sets {what}, which the merge job cannot hand to its executors: give the connection "
+                "a service account key (the extra keyfile_dict, or key_path to a file every driver and "
+                "executor can read), or leave it without a key so the environment's credentials apply."
+            )
+        key = extra.get("keyfile_dict")
+        if key is not None:
+            return {"google_service_account_key": _service_account_key(key, named)}
+        if extra.get("key_path"):
+            return {"google_service_account": str(extra["key_path"])}
+        return {}
+
+    def _not_defined(self) -> MergeArgumentError:
+        return MergeArgumentError(
+            f"Google Cloud connection {self.gcp_conn_id!r} (gcp_conn_id) is not defined. Define it, e.g. "
+            f"AIRFLOW_CONN_{self.gcp_conn_id.upper()}='{{\"conn_type\": \"google_cloud_platform\", "
+            '"extra": {"keyfile_dict": <the service account key JSON>}}\' (or "key_path": a key file).'
+        )
+
+
+def _service_account_key(key: Any, named: str) -> str:
+    """The extra ``keyfile_dict`` as JSON text, checked to be a service account key (never quoted)."""
+    try:
+        parsed = json.loads(key) if isinstance(key, str) else key
+    except ValueError:
+        parsed = None
+    if not isinstance(parsed, Mapping) or not {"client_email", "private_key"} <= set(parsed):
+        raise MergeArgumentError(
+            f"{named}: the extra keyfile_dict is not a service account key (JSON with client_email and "
+            "private_key, as the Cloud console downloads it)."
+        )
+    return json.dumps(dict(parsed))
+
+
 def connection_storage_options(
     storage_options: Mapping[str, str], *, uri: str | None, aws_conn_id: str | None = None,
-    azure_conn_id: str | None = None,
+    azure_conn_id: str | None = None, gcp_conn_id: str | None = None,
 ) -> tuple[dict[str, str], str | None]:  # fmt: skip
     """``storage_options`` completed with the credentials of the connection for ``uri``'s store (S3:
-    ``aws_conn_id``, Azure: ``azure_conn_id``; only that connection is read), and how storage errors name
-    the connection (``"aws_conn_id='lake_s3'"``), or None when its keys are not used (explicit keys win)."""
-    named, hook = _connection_for(uri, aws_conn_id, azure_conn_id)
+    ``aws_conn_id``, Azure: ``azure_conn_id``, GCS: ``gcp_conn_id``; only that connection is read), and how
+    storage errors name the connection (``"aws_conn_id='lake_s3'"``), or None when its keys are not used
+    (explicit keys win)."""
+    named, hook = _connection_for(uri, aws_conn_id, azure_conn_id, gcp_conn_id)
     if hook is None:
         return dict(storage_options), None
     completed = with_credentials(hook.storage_options(), storage_options, uri=uri)
@@ -257,23 +357,27 @@ def connection_storage_options(
 
 async def aconnection_storage_options(
     storage_options: Mapping[str, str], *, uri: str | None, aws_conn_id: str | None = None,
-    azure_conn_id: str | None = None,
+    azure_conn_id: str | None = None, gcp_conn_id: str | None = None,
 ) -> tuple[dict[str, str], str | None]:  # fmt: skip
     """:func:`connection_storage_options` for async code (a trigger's ``run``)."""
-    named, hook = _connection_for(uri, aws_conn_id, azure_conn_id)
+    named, hook = _connection_for(uri, aws_conn_id, azure_conn_id, gcp_conn_id)
     if hook is None:
         return dict(storage_options), None
     completed = with_credentials(await hook.astorage_options(), storage_options, uri=uri)
     return completed, _named_if_used(named, storage_options, completed)
 
 
-def _connection_for(uri: str | None, aws_conn_id: str | None, azure_conn_id: str | None) -> tuple[str, Any]:
+def _connection_for(
+    uri: str | None, aws_conn_id: str | None, azure_conn_id: str | None, gcp_conn_id: str | None
+) -> tuple[str, Any]:
     """(how errors name it, its hook) of the connection for ``uri``'s store, or ("", None)."""
     store = _store(uri)
     if store == "s3" and aws_conn_id is not None:
         return f"aws_conn_id={aws_conn_id!r}", StorageCredentialsHook(aws_conn_id=aws_conn_id)
     if store == "azure" and azure_conn_id is not None:
         return f"azure_conn_id={azure_conn_id!r}", AzureStorageCredentialsHook(azure_conn_id=azure_conn_id)
+    if store == "gcs" and gcp_conn_id is not None:
+        return f"gcp_conn_id={gcp_conn_id!r}", GcsStorageCredentialsHook(gcp_conn_id=gcp_conn_id)
     return "", None
 
 
@@ -286,12 +390,13 @@ def with_credentials(
     credentials: Mapping[str, str], storage_options: Mapping[str, str], *, uri: str | None
 ) -> dict[str, str]:
     """``storage_options`` completed with ``credentials`` when ``uri`` is on their store (``AWS_*`` keys:
-    S3; ``azure_*`` keys: Azure); explicit keys win, and an explicit credential is never mixed with the
-    connection's."""
-    azure = any(key.lower().startswith("azure_") for key in credentials)
-    if _store(uri) != ("azure" if azure else "s3"):
+    S3; ``azure_*`` keys: Azure; ``google_*`` keys: GCS); explicit keys win, and an explicit credential is
+    never mixed with the connection's."""
+    store = _credentials_store(credentials)
+    if _store(uri) != store:
         return dict(storage_options)
-    canonical, parts = (_azure_canonical, _AZURE_KEY_PARTS) if azure else (_canonical, _KEY_PARTS)
+    canonical, parts = {"azure": (_azure_canonical, _AZURE_KEY_PARTS), "s3": (_canonical, _KEY_PARTS),
+                        "gcs": (_google_canonical, _GOOGLE_KEY_PARTS)}[store]  # fmt: skip
     given = {canonical(key) for key in storage_options}
     if given & parts:
         # A key given explicitly is used whole: never its id with the connection's secret.
@@ -310,6 +415,19 @@ def _canonical(key: str) -> str:
     return _ALIASES.get(name, name)
 
 
+def _credentials_store(credentials: Mapping[str, str]) -> str:
+    """The store a connection's credentials are for, by their keys' prefix."""
+    keys = [key.lower() for key in credentials]
+    if any(key.startswith("azure_") for key in keys):
+        return "azure"
+    return "gcs" if any(key.startswith("google_") for key in keys) else "s3"
+
+
+def _google_canonical(key: str) -> str:
+    name = key.lower().removeprefix("google_")
+    return _GOOGLE_ALIASES.get(name, name)
+
+
 def _azure_canonical(key: str) -> str:
     name = key.lower().removeprefix("azure_storage_").removeprefix("azure_")
     return _AZURE_ALIASES.get(name, name)
@@ -321,6 +439,8 @@ def _store(uri: str | None) -> str | None:
     scheme = uri.partition("://")[0].lower() if "://" in uri else ""
     if f"{scheme}://" in _S3_SCHEMES:
         return "s3"
+    if scheme in _GCS_SCHEMES:
+        return "gcs"
     return "azure" if scheme in AZURE_SCHEMES else None
 
 

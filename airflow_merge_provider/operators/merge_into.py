@@ -58,7 +58,8 @@ _OWN_JOB = (
 )
 _STORAGE = (
     "storage options belong to the table they open: target={'uri': ..., 'storage_options': {...}} (and "
-    "source likewise), or credentials from a connection with aws_conn_id (S3) or azure_conn_id (Azure)"
+    "source likewise), or credentials from a connection with aws_conn_id (S3), azure_conn_id (Azure) or "
+    "gcp_conn_id (GCS)"
 )
 # The names SparkSubmitOperator, the Spark Connect, Databricks and SQL operators, and Delta give the same
 # settings, and what this operator calls them (reject_unknown_arguments matches them ignoring case and "_").
@@ -84,9 +85,8 @@ ARGUMENT_MEANINGS: dict[str, str] = {
     **dict.fromkeys(("aws_conn", "s3_conn_id", "aws_connection_id", "aws_connection"), "aws_conn_id"),
     **dict.fromkeys(("azure_conn", "wasb_conn_id", "adls_conn_id", "azure_data_lake_conn_id",
                      "azure_connection_id", "abfs_conn_id"), "azure_conn_id"),
-    **dict.fromkeys(("gcp_conn_id", "google_cloud_storage_conn_id", "gcs_conn_id"),
-                    "GCS credentials come from the environment of the driver and executors "
-                    "(GOOGLE_APPLICATION_CREDENTIALS) or their service account: no connection is read for gs://"),
+    **dict.fromkeys(("google_cloud_storage_conn_id", "gcs_conn_id", "google_conn_id", "gcp_conn",
+                     "google_cloud_conn_id", "bigquery_conn_id"), "gcp_conn_id"),
     **dict.fromkeys(("idempotency_key", "txn_app_id", "application_id"), "app_id"),
     **dict.fromkeys(("txn_version", "idempotency_version", "batch_id"), "app_version"),
     **dict.fromkeys(("env", "environment", "environment_variables"), "env_vars"),
@@ -200,6 +200,10 @@ class MergeIntoOperator(ResumableJobMixin, BaseOperator):
         password its key (or extras ``sas_token``, ``connection_string``, or ``tenant_id`` with login and
         password as a service principal's client id and secret; host an account URL or an emulator's
         endpoint). Read field by field, the Microsoft Azure provider need not be installed. Not templated.
+    :param gcp_conn_id: likewise for a GCS target and source (``gs://``): a ``google_cloud_platform`` (or
+        generic) connection whose extra ``keyfile_dict`` holds a service account key, or ``key_path`` names
+        a key file every driver and executor can read; without either, the environment's credentials
+        apply. Read field by field, the Google provider need not be installed. Not templated.
     :param app_id: override the idempotency key's application id (templated: ``"accounts.{{ ds }}"``
         makes the merge apply once per logical date, whichever run or clear runs it).
     :param app_version: override the idempotency key's version (default: the DAG run's clear number): an
@@ -208,8 +212,8 @@ class MergeIntoOperator(ResumableJobMixin, BaseOperator):
         ``appId``/``appVersion`` at once (fire and forget; wait with MergeCommitSensor; ``deferrable`` and
         ``durable`` do not apply). The task then has no default outlet: give the sensor the table's asset.
     :param deferrable: wait in the triggerer rather than in a worker slot (default: ``[operators]
-        default_deferrable``). Refuses credentials (``aws_conn_id``, ``azure_conn_id``, secret
-        ``storage_options``).
+        default_deferrable``). Refuses credentials (``aws_conn_id``, ``azure_conn_id``, ``gcp_conn_id``,
+        secret ``storage_options``).
     :param poll_interval: seconds between two looks of the trigger at the driver and the Delta log.
     :param durable: record the driver in the task state store so that a retry after a worker crash
         follows the running driver rather than starting another (default True, ``ResumableJobMixin``'s).
@@ -225,8 +229,9 @@ class MergeIntoOperator(ResumableJobMixin, BaseOperator):
         asset event, lineage, sensor and branching. Through spark-submit the operator adds Delta's package
         and SQL extension, unless the connection's extra ``delta_package`` is ``"cluster"`` (or names another
         coordinate); on Spark Connect the server must have Delta. ``dry_run``, ``expected_metrics``,
-        ``options['target_file_size']``, a target's ``storage_options``, ``aws_conn_id`` and
-        ``azure_conn_id`` are native-only and refused when the operator is built. See the "Which engine" page.
+        ``options['target_file_size']``, a target's ``storage_options``, ``aws_conn_id``, ``azure_conn_id``
+        and ``gcp_conn_id`` are native-only and refused when the operator is built. See the "Which engine"
+        page.
     """
 
     template_fields: Sequence[str] = (
@@ -273,6 +278,7 @@ class MergeIntoOperator(ResumableJobMixin, BaseOperator):
         spark_binary: str | None = None,
         aws_conn_id: str | None = None,
         azure_conn_id: str | None = None,
+        gcp_conn_id: str | None = None,
         app_id: str | None = None,
         app_version: int | str | None = None,
         wait_for_completion: bool = True,
@@ -297,7 +303,8 @@ class MergeIntoOperator(ResumableJobMixin, BaseOperator):
             )
         _check_engine(
             engine, options=options or {}, dry_run=dry_run, expected_metrics=expected_metrics, target=target,
-            storage_connections={"aws_conn_id": aws_conn_id, "azure_conn_id": azure_conn_id},
+            storage_connections={"aws_conn_id": aws_conn_id, "azure_conn_id": azure_conn_id,
+                                 "gcp_conn_id": gcp_conn_id},
         )  # fmt: skip
         if durable is not None:
             kwargs["durable"] = durable  # else the mixin's default, or default_args'
@@ -328,6 +335,7 @@ class MergeIntoOperator(ResumableJobMixin, BaseOperator):
         self.spark_binary = spark_binary
         self.aws_conn_id = aws_conn_id
         self.azure_conn_id = azure_conn_id
+        self.gcp_conn_id = gcp_conn_id
         self.app_id = app_id
         self.app_version = app_version
         self.wait_for_completion = wait_for_completion
@@ -403,8 +411,9 @@ class MergeIntoOperator(ResumableJobMixin, BaseOperator):
         self.log.info("Merge spec:\n%s", redacted(spec).to_json(indent=2))
         # From here on the spec may hold the connection's credentials: it stays local to this call.
         spec = with_connection_credentials(
-            spec, aws_conn_id=self.aws_conn_id, azure_conn_id=self.azure_conn_id, log=self.log
-        )
+            spec, aws_conn_id=self.aws_conn_id, azure_conn_id=self.azure_conn_id,
+            gcp_conn_id=self.gcp_conn_id, log=self.log,
+        )  # fmt: skip
         committed = self._committed(spec)
         if committed is not None:
             self.log.info(
@@ -513,7 +522,8 @@ class MergeIntoOperator(ResumableJobMixin, BaseOperator):
 
     def _storage_connections(self) -> list[str]:
         """The storage connections given, by parameter name (for messages)."""
-        given = {"aws_conn_id": self.aws_conn_id, "azure_conn_id": self.azure_conn_id}
+        given = {"aws_conn_id": self.aws_conn_id, "azure_conn_id": self.azure_conn_id,
+                 "gcp_conn_id": self.gcp_conn_id}  # fmt: skip
         return [name for name, conn_id in given.items() if conn_id is not None]
 
     def _make_hook(self, spec: MergeSpec, context: Context | None, *, detached: bool) -> MergeDriverHook:

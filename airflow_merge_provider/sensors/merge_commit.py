@@ -26,6 +26,8 @@ SENSOR_ARGUMENT_MEANINGS: dict[str, str] = {
     **dict.fromkeys(("aws_conn", "s3_conn_id", "aws_connection_id", "conn_id"), "aws_conn_id"),
     **dict.fromkeys(("azure_conn", "wasb_conn_id", "adls_conn_id", "azure_data_lake_conn_id"),
                     "azure_conn_id"),
+    **dict.fromkeys(("google_cloud_storage_conn_id", "gcs_conn_id", "google_conn_id", "gcp_conn"),
+                    "gcp_conn_id"),
     **dict.fromkeys(("version", "table_version", "min_version"), "after_version"),
     **dict.fromkeys(("idempotency_key", "txn_app_id", "application_id"), "app_id"),
     **dict.fromkeys(("txn_version", "idempotency_version"), "app_version"),
@@ -43,8 +45,8 @@ class MergeCommitSensor(BaseSensorOperator):
     Works in ``poke`` and ``reschedule`` modes, and with ``deferrable=True`` through
     :class:`MergeCommitTrigger` (the triggerer polls; no worker slot is held).
 
-    For a table on S3, give the credentials as ``aws_conn_id`` (on Azure, ``azure_conn_id``): they are read
-    from the connection where
+    For a table on S3, give the credentials as ``aws_conn_id`` (on Azure, ``azure_conn_id``; on GCS,
+    ``gcp_conn_id``): they are read from the connection where
     the log is read (the worker when poking, the triggerer when deferred) and never stored. A deferrable
     sensor refuses secret ``storage_options`` (keys, tokens, passwords), as the trigger's row in the
     metadata database would hold them.
@@ -64,6 +66,8 @@ class MergeCommitSensor(BaseSensorOperator):
     :param azure_conn_id: likewise for an Azure target: a ``wasb``, ``adls`` or generic connection (login:
         the storage account, password: its key; or extras ``sas_token``, ``connection_string``,
         ``tenant_id`` with a service principal; see MergeIntoOperator). Not templated.
+    :param gcp_conn_id: likewise for a GCS target: a ``google_cloud_platform`` or generic connection with
+        the extra ``keyfile_dict`` (a service account key) or ``key_path``. Not templated.
     :param deferrable: wait in the triggerer rather than in a worker.
     """
 
@@ -81,6 +85,7 @@ class MergeCommitSensor(BaseSensorOperator):
         storage_options: Mapping[str, str] | None = None,
         aws_conn_id: str | None = None,
         azure_conn_id: str | None = None,
+        gcp_conn_id: str | None = None,
         deferrable: bool = False,
         **kwargs: Any,
     ) -> None:
@@ -98,6 +103,7 @@ class MergeCommitSensor(BaseSensorOperator):
         self.storage_options = dict(storage_options or {})
         self.aws_conn_id = aws_conn_id
         self.azure_conn_id = azure_conn_id
+        self.gcp_conn_id = gcp_conn_id
         self.deferrable = deferrable
         self._refuse_secrets_for_the_trigger()
 
@@ -114,7 +120,8 @@ class MergeCommitSensor(BaseSensorOperator):
         query = self._query()
         storage_options, named = connection_storage_options(self.storage_options, uri=self.target,
                                                             aws_conn_id=self.aws_conn_id,
-                                                            azure_conn_id=self.azure_conn_id)  # fmt: skip
+                                                            azure_conn_id=self.azure_conn_id,
+                                                            gcp_conn_id=self.gcp_conn_id)  # fmt: skip
         return find_merge_commit(self.target, storage_options=storage_options, credentials_from=named,
                                  **query)  # fmt: skip
 
@@ -124,9 +131,9 @@ class MergeCommitSensor(BaseSensorOperator):
         if secret_keys:
             raise MergeArgumentError(
                 f"MergeCommitSensor: storage_options {', '.join(secret_keys)} hold secrets, which a "
-                "deferrable sensor would store in the metadata database with its trigger: pass aws_conn_id "
-                "or azure_conn_id instead (the triggerer reads the connection when it polls), or set "
-                "deferrable=False. "
+                "deferrable sensor would store in the metadata database with its trigger: pass aws_conn_id, "
+                "azure_conn_id or gcp_conn_id instead (the triggerer reads the connection when it polls), or "
+                "set deferrable=False. "
                 "Options without secrets (endpoint, region, allow_http) may stay in storage_options."
             )
 
@@ -151,7 +158,7 @@ class MergeCommitSensor(BaseSensorOperator):
         self.defer(
             trigger=MergeCommitTrigger(
                 target=self.target, storage_options=self.storage_options, aws_conn_id=self.aws_conn_id,
-                azure_conn_id=self.azure_conn_id,
+                azure_conn_id=self.azure_conn_id, gcp_conn_id=self.gcp_conn_id,
                 poll_interval=self.poke_interval, deadline=time.time() + self.timeout, **self._query(),
             ),
             method_name="execute_complete",

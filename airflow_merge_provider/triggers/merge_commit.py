@@ -45,6 +45,7 @@ class MergeCommitTrigger(BaseTrigger):
         ``endpoint_url``) complete ``storage_options`` for an S3 target; keys given in ``storage_options``
         win. Only the id is serialized: the triggerer reads the connection when it polls.
     :param azure_conn_id: likewise, an Azure connection's credentials for an Azure target.
+    :param gcp_conn_id: likewise, a Google Cloud connection's credentials for a GCS target.
     :param poll_interval: seconds between two reads of the log.
     :param deadline: epoch seconds after which the trigger gives up (None: never). A deadline rather than
         a duration, so a trigger restarted on another triggerer keeps the original time limit.
@@ -63,6 +64,7 @@ class MergeCommitTrigger(BaseTrigger):
         storage_options: Mapping[str, str] | None = None,
         aws_conn_id: str | None = None,
         azure_conn_id: str | None = None,
+        gcp_conn_id: str | None = None,
         poll_interval: float = 30.0,
         deadline: float | None = None,
         driver: Mapping[str, Any] | None = None,
@@ -77,6 +79,7 @@ class MergeCommitTrigger(BaseTrigger):
         self.storage_options = dict(storage_options or {})
         self.aws_conn_id = aws_conn_id
         self.azure_conn_id = azure_conn_id
+        self.gcp_conn_id = gcp_conn_id
         self.poll_interval = poll_interval
         self.deadline = deadline
         self.driver = None if driver is None else dict(driver)
@@ -90,6 +93,7 @@ class MergeCommitTrigger(BaseTrigger):
             "storage_options": self.storage_options,
             "aws_conn_id": self.aws_conn_id,
             "azure_conn_id": self.azure_conn_id,
+            "gcp_conn_id": self.gcp_conn_id,
             "poll_interval": self.poll_interval,
             "deadline": self.deadline,
         }
@@ -149,7 +153,8 @@ class MergeCommitTrigger(BaseTrigger):
             return None  # a dry run's driver: it commits nothing
         # The connection is read at each poll rather than once: temporary credentials (a session token, an
         # assumed role) can expire while the trigger waits.
-        connections = {"aws_conn_id": self.aws_conn_id, "azure_conn_id": self.azure_conn_id}
+        connections = {"aws_conn_id": self.aws_conn_id, "azure_conn_id": self.azure_conn_id,
+                       "gcp_conn_id": self.gcp_conn_id}  # fmt: skip
         storage_options, named = await aconnection_storage_options(self.storage_options, uri=self.target,
                                                                    **connections)  # fmt: skip
         # deltalake reads block: keep them off the triggerer's event loop.

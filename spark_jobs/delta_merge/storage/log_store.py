@@ -26,6 +26,7 @@ __all__ = [
     "latest_version",
     "log_store",
     "read_commit",
+    "store_options",
     "write_commit",
 ]
 
@@ -63,7 +64,7 @@ def log_store(table_uri: str, storage_options: Mapping[str, str] | None = None) 
             raise FileNotFoundError(f"{root} is not a directory")
         return LocalStore(prefix=root)
     check_azure_options(table_uri, storage_options)
-    config, client = _split_options(storage_options or {})
+    config, client = store_options(storage_options or {})
     try:
         # No client options given: obstore then keeps those object_store reads from the environment
         # (AWS_ALLOW_HTTP beside AWS_ENDPOINT_URL, as on a host configured by variables alone).
@@ -72,7 +73,7 @@ def log_store(table_uri: str, storage_options: Mapping[str, str] | None = None) 
         raise storage_failure(table_uri, "opening the table's store", exc, storage_options) from exc
 
 
-def _split_options(options: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+def store_options(options: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
     """deltalake-style storage options as obstore's (store config, HTTP client options)."""
     config: dict[str, str] = {}
     client: dict[str, str] = {}

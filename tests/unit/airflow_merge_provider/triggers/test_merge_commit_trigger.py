@@ -30,7 +30,7 @@ def test_serialize_round_trip() -> None:
     trigger = MergeCommitTrigger(
         target="s3://bucket/t", app_id="a", app_version=3, after_version=None,
         storage_options={"AWS_REGION": "eu-west-1"}, aws_conn_id="lake", azure_conn_id="lake_adls",
-        poll_interval=5.0, deadline=1234.5,
+        gcp_conn_id="lake_gcs", poll_interval=5.0, deadline=1234.5,
     )  # fmt: skip
     classpath, kwargs = trigger.serialize()
     assert classpath == "airflow_merge_provider.triggers.merge_commit.MergeCommitTrigger"
@@ -40,7 +40,7 @@ def test_serialize_round_trip() -> None:
     assert kwargs == {
         "target": "s3://bucket/t", "app_id": "a", "app_version": 3, "after_version": None,
         "storage_options": {"AWS_REGION": "eu-west-1"}, "aws_conn_id": "lake", "azure_conn_id": "lake_adls",
-        "poll_interval": 5.0, "deadline": 1234.5,
+        "gcp_conn_id": "lake_gcs", "poll_interval": 5.0, "deadline": 1234.5,
     }  # fmt: skip
 
 
