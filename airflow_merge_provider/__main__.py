@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -20,13 +21,15 @@ def task_metrics(dag_id: str, task_id: str, run: str, *, map_index: int = -1) ->
     """The run id and the XCom return value of ``task_id`` in the run of ``dag_id`` whose logical date
     (``2024-06-01``, as ``airflow dags test`` takes it) or run id is ``run``.
 
-    :raises LookupError: no such run, or no return value of the task in it (the message says which).
+    :raises LookupError: no metadata database here, no such run, or no return value of the task in it (the
+        message says which).
     """
     import pendulum
     from airflow.models.dagrun import DagRun
     from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session
     from sqlalchemy import or_, select
+    from sqlalchemy.exc import DBAPIError
 
     try:
         logical_date = pendulum.parse(run)
@@ -36,9 +39,18 @@ def task_metrics(dag_id: str, task_id: str, run: str, *, map_index: int = -1) ->
         matches = DagRun.run_id == run
         if logical_date is not None:
             matches = or_(matches, DagRun.logical_date == logical_date)
-        found = session.scalars(
-            select(DagRun.run_id).where(DagRun.dag_id == dag_id, matches).order_by(DagRun.id.desc())
-        ).first()
+        try:
+            found = session.scalars(
+                select(DagRun.run_id).where(DagRun.dag_id == dag_id, matches).order_by(DagRun.id.desc())
+            ).first()
+        except DBAPIError as error:
+            # The URL is not named: it may hold the database's password.
+            home = os.environ.get("AIRFLOW_HOME", "~/airflow")
+            raise LookupError(
+                f"the metadata database of AIRFLOW_HOME={home!r} has no DAG runs to read "
+                f"({type(error.orig).__name__}): set AIRFLOW_HOME to the home the DAG ran in "
+                "(scripts/run-example's is .example/airflow), or run `airflow db migrate` there first"
+            ) from None
         if found is None:
             raise LookupError(
                 f"no run of DAG {dag_id!r} with the logical date or run id {run!r} in this Airflow's "

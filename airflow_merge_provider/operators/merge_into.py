@@ -70,8 +70,10 @@ ARGUMENT_MEANINGS: dict[str, str] = {
                      "delta_table", "delta_path", "destination", "destination_table", "into"), "target"),
     **dict.fromkeys(("source_table", "source_path", "source_uri", "source_query", "source_sql",
                      "using"), "source"),
-    **dict.fromkeys(("sql", "query", "merge_query", "merge_statement", "statement", "sql_statement",
-                     "merge"), "merge_sql"),
+    **dict.fromkeys(("sql", "merge_query", "merge_statement", "statement", "sql_statement", "merge"),
+                    "merge_sql"),
+    # A SELECT a user brings as query= is the source more often than the statement.
+    "query": "did you mean merge_sql='MERGE INTO ...'? A source query goes in source={'query': 'SELECT ...'}",
     **dict.fromkeys(("on", "merge_condition", "join_condition", "predicate", "merge_on"), "condition"),
     **dict.fromkeys(("keys", "merge_keys", "primary_keys", "key_columns"),
                     "the keys go in the ON condition: merge_sql='MERGE INTO ... ON t.id = s.id ...', or "

@@ -4,6 +4,7 @@ seed leaves the merged table alone."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -116,3 +117,18 @@ def test_seeded_data_lets_the_upsert_example_merge_and_reseeding_keeps_the_table
     assert _xcom(seed_home, "merge_examples_seed", "seed_landing_files") == {}
     assert len(read_rows(accounts, columns=["id"])) == 1010
     assert [path.stat().st_mtime_ns for path in landing_files] == stamps
+
+
+def test_the_metrics_command_in_a_home_without_runs_names_airflow_home(tmp_path: Path) -> None:
+    home = tmp_path / "not-migrated"
+    env = {key: value for key, value in os.environ.items() if not key.startswith("AIRFLOW")}
+    env["AIRFLOW_HOME"] = str(home)
+    shown = subprocess.run(
+        [sys.executable, "-m", "airflow_merge_provider", "metrics", "merge_upsert_daily", "upsert_accounts",
+         "2024-06-01"],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert shown.returncode == 1, shown.stdout + shown.stderr
+    assert "Traceback" not in shown.stderr
+    assert f"the metadata database of AIRFLOW_HOME='{home}' has no DAG runs to read" in shown.stderr
+    assert "scripts/run-example's is .example/airflow" in shown.stderr

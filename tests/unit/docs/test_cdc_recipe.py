@@ -1,6 +1,7 @@
-"""The getting-started page's change-data-capture recipe, run as written (with this test's paths): the table
-its first block creates, the operator its second block builds merging a CDC batch on the shared session,
-and its third block printing the commit's change feed."""
+"""The getting-started page's change-data-capture recipe, each block run on its own as written (with this
+test's paths): the table and the CDC batch its first block writes, the DAG its second block defines, whose
+operator's statement merges the batch on the shared session, and its third block printing the commit's
+change feed."""
 
 from __future__ import annotations
 
@@ -11,14 +12,13 @@ import re
 from pathlib import Path
 from typing import Any
 
-import pendulum
-import pyarrow as pa
 import pyarrow.parquet as pq
 
 ROOT = Path(__file__).resolve().parents[3]
 PAGE = ROOT / "docs" / "getting-started.md"
 HEADING = "## A change-data-capture recipe"
-TABLE, LANDING = "/data/tables/customers", "/data/landing/customers/{{ ds }}"
+ROOT_DIR = "/tmp/lake"
+TABLE, LANDING = f"{ROOT_DIR}/tables/customers", f"{ROOT_DIR}/landing/customers/{{{{ ds }}}}"
 
 
 def _blocks() -> list[str]:
@@ -36,31 +36,23 @@ def test_the_recipe_creates_the_table_merges_a_cdc_batch_and_reads_its_changes(
 ) -> None:
     from airflow.sdk import DAG
 
-    from airflow_merge_provider.operators.merge_into import MergeIntoOperator
     from spark_jobs.delta_merge import run_merge
 
     create, merge, read = _blocks()
-    table, landing = tmp_path / "customers", tmp_path / "landing"
     assert all(TABLE in block for block in (create, merge, read))
-    namespace: dict[str, Any] = {}
-    exec(compile(create.replace(TABLE, str(table)), f"{PAGE}: create", "exec"), namespace)
+    exec(compile(create.replace(ROOT_DIR, str(tmp_path)), f"{PAGE}: create", "exec"), {})
+    table, landing = tmp_path / "tables" / "customers", tmp_path / "landing" / "customers" / "2024-06-01"
+    assert pq.read_table(landing).num_rows == 4
 
-    # The operator the second block builds (constructing it checks its statement), in a DAG.
+    # The DAG the second block defines, as a DAG file is loaded (constructing the operator checks its
+    # statement), then its statement on the batch the first block wrote.
     ast.parse(merge)
-    with DAG("cdc_recipe", schedule=None, start_date=pendulum.datetime(2024, 1, 1, tz="UTC")) as dag:
-        exec(compile(merge, f"{PAGE}: merge", "exec"), {"MergeIntoOperator": MergeIntoOperator})
-    (operator,) = dag.tasks
+    namespace: dict[str, Any] = {}
+    exec(compile(merge, f"{PAGE}: merge", "exec"), namespace)
+    assert isinstance(namespace["dag"], DAG)
+    (operator,) = namespace["dag"].tasks
     assert (operator.target, operator.source) == (TABLE, LANDING)
     assert (operator.app_id, operator.app_version) == ("customers.{{ ds }}", 1)
-
-    landing.mkdir()
-    batch = pa.table({
-        "id": pa.array([2, 3, 4, 5], pa.int64()),
-        "name": ["Benjamin", "Cy", "Dee", "Eve"],
-        "email": ["ben@example.org", "cy@example.com", "dee@example.com", "eve@example.com"],
-        "op": ["U", "D", "I", "D"],  # 5 is deleted before the table ever had it: nothing to do
-    })  # fmt: skip
-    pq.write_table(batch, landing / "part-0.parquet")
     spec = {"target": {"uri": str(table)}, "source": {"uri": str(landing), "format": "parquet"},
             "merge_sql": operator.merge_sql}  # fmt: skip
     metrics = run_merge(spark, spec).to_dict()
@@ -70,7 +62,7 @@ def test_the_recipe_creates_the_table_merges_a_cdc_batch_and_reads_its_changes(
 
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        exec(compile(read.replace(TABLE, str(table)), f"{PAGE}: read", "exec"), namespace)
+        exec(compile(read.replace(ROOT_DIR, str(tmp_path)), f"{PAGE}: read", "exec"), {})
     rows = [ast.literal_eval(line) for line in printed.getvalue().splitlines()]
     assert sorted((r["id"], r["name"], r["_change_type"], r["_commit_version"]) for r in rows) == [
         (2, "Ben", "update_preimage", 1),
