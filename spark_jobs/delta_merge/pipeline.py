@@ -21,6 +21,7 @@ from spark_jobs.delta_merge.merge.execute import execute_merge
 from spark_jobs.delta_merge.metrics import MergeMetrics, stage_times
 from spark_jobs.delta_merge.protocol.column_mapping import map_new_fields
 from spark_jobs.delta_merge.protocol.snapshot import TargetSnapshot, load_snapshot
+from spark_jobs.delta_merge.protocol.type_widening import type_widening_enabled
 from spark_jobs.delta_merge.session_facts import default_parallelism
 from spark_jobs.delta_merge.source.materialize import (
     MATERIALIZE_MAX_ATTEMPTS,
@@ -146,8 +147,10 @@ def _run_attempt(
                     statement_source(spark, source_read, parsed.source_query))
             plan = resolve_merge(
                 spark, parsed, target_schema=snapshot.schema, source_schema=source_read.df.schema,
-                options=spec.options,
-            )
+                options=spec.options, widen_types=type_widening_enabled(
+                    snapshot.protocol.reader_features | snapshot.protocol.writer_features,
+                    snapshot.configuration),
+            )  # fmt: skip
             # New columns of a column-mapped table need their physical names before anything is written.
             mapped = map_new_fields(snapshot.configuration, snapshot.schema, plan.final_schema,
                                     mode=snapshot.column_mapping_mode)

@@ -72,7 +72,7 @@ _WHOLE_SOURCE_STRUCT = "\x00source struct"
 class _Resolver:
     def __init__(
         self, spark: SparkSession, parsed: ParsedMerge, target_schema: StructType,
-        source_schema: StructType, options: MergeOptions,
+        source_schema: StructType, options: MergeOptions, widen_types: bool = False,
     ) -> None:
         self.spark = spark
         self.parsed = parsed
@@ -85,7 +85,7 @@ class _Resolver:
         self.source_df = spark.createDataFrame([], source_schema).alias(self.s)
         self.joined_df = self.source_df.crossJoin(self.target_df)
         self.final_schema = evolve_schema(
-            parsed, target_schema, source_schema, enabled=options.schema_evolution
+            parsed, target_schema, source_schema, enabled=options.schema_evolution, widen_types=widen_types
         )
         self.generated = set(generated_columns(target_schema))
         self.identity = identity_columns(target_schema)
@@ -454,7 +454,10 @@ class _Resolver:
 
 def resolve_merge(
     spark: SparkSession, parsed: ParsedMerge, *, target_schema: StructType, source_schema: StructType,
-    options: MergeOptions,
+    options: MergeOptions, widen_types: bool = False,
 ) -> MergePlan:
-    """Resolve every expression of the merge; raise :class:`MergeAnalysisError` on what Delta rejects."""
-    return _Resolver(spark, parsed, target_schema, source_schema, options).resolve()
+    """Resolve every expression of the merge; raise :class:`MergeAnalysisError` on what Delta rejects.
+
+    :param widen_types: the table widens types in schema evolution (``delta.enableTypeWidening``).
+    """
+    return _Resolver(spark, parsed, target_schema, source_schema, options, widen_types).resolve()

@@ -26,6 +26,10 @@ from pyspark.sql.types import (
 
 from spark_jobs.delta_merge.analysis.store_assignment import find_field
 from spark_jobs.delta_merge.errors import MergeAnalysisError
+from spark_jobs.delta_merge.protocol.type_widening import (
+    widens_in_schema_evolution,
+    with_recorded_type_changes,
+)
 from spark_jobs.delta_merge.sql_names import quoted_path
 from spark_jobs.delta_merge.statement.parsed_merge import ParsedMerge
 
@@ -34,21 +38,25 @@ __all__ = ["evolve_schema"]
 Path = tuple[str, ...]
 
 
-def _merge_types(target: DataType, source: DataType) -> DataType:
-    """The target type widened by the source's extra struct fields; existing types are kept.
+def _merge_types(target: DataType, source: DataType, *, widen: bool) -> DataType:
+    """The target type widened by the source's extra struct fields; existing types are kept, unless
+    ``widen`` (a type-widening table) and the source's type is one Delta widens the target's to.
 
     :raises _IncompatibleTypes: the source type has no implicit cast to the target's.
     """
     if isinstance(target, StructType) and isinstance(source, StructType):
-        return _merge_structs(target, source)
+        return _merge_structs(target, source, widen=widen)
     if isinstance(target, ArrayType) and isinstance(source, ArrayType):
-        return ArrayType(_merge_types(target.elementType, source.elementType), target.containsNull)
+        element = _merge_types(target.elementType, source.elementType, widen=widen)
+        return ArrayType(element, target.containsNull)
     if isinstance(target, MapType) and isinstance(source, MapType):
         return MapType(
-            _merge_types(target.keyType, source.keyType),
-            _merge_types(target.valueType, source.valueType),
+            _merge_types(target.keyType, source.keyType, widen=widen),
+            _merge_types(target.valueType, source.valueType, widen=widen),
             target.valueContainsNull,
         )
+    if widen and widens_in_schema_evolution(target, source):
+        return source
     if not _implicitly_castable(source, target):
         raise _IncompatibleTypes(target, source)
     return target
@@ -88,11 +96,12 @@ def _scala_name(data_type: DataType) -> str:
     return type(data_type).__name__
 
 
-def _merge_structs(target: StructType, source: StructType) -> StructType:
+def _merge_structs(target: StructType, source: StructType, *, widen: bool) -> StructType:
     # As Delta's SchemaMergingUtils.mergeSchemas: target fields first, in order, with their types (a
     # VOID source field takes the target's type; a source type with no implicit cast to the target's is
-    # refused); then the source's new fields, VOID ones included (evolve_schema refuses those, as Delta
-    # does).
+    # refused; on a type-widening table a wider source type widens the field, recorded in its
+    # delta.typeChanges); then the source's new fields, VOID ones included (evolve_schema refuses those, as
+    # Delta does).
     fields = []
     for f in target.fields:
         s = find_field(source, f.name)
@@ -100,13 +109,14 @@ def _merge_structs(target: StructType, source: StructType) -> StructType:
             fields.append(f)
             continue
         try:
-            merged = _merge_types(f.dataType, s.dataType)
+            merged = _merge_types(f.dataType, s.dataType, widen=widen)
         except _IncompatibleTypes as incompatible:
             raise MergeAnalysisError(
                 f"Failed to merge fields '{f.name}' and '{s.name}'. {incompatible}",
                 error_class="DELTA_FAILED_TO_MERGE_FIELDS",
             ) from None
-        fields.append(StructField(f.name, merged, f.nullable, f.metadata))
+        fields.append(with_recorded_type_changes(f, merged) if merged != f.dataType
+                      else StructField(f.name, merged, f.nullable, f.metadata))  # fmt: skip
     fields += [
         StructField(s.name, s.dataType, True) for s in source.fields if find_field(target, s.name) is None
     ]
@@ -150,7 +160,7 @@ def _void_column(data_type: DataType, path: Path = ()) -> Path | None:
 
 
 def evolve_schema(
-    parsed: ParsedMerge, target: StructType, source: StructType, *, enabled: bool
+    parsed: ParsedMerge, target: StructType, source: StructType, *, enabled: bool, widen_types: bool = False
 ) -> StructType:
     """The table schema after the merge.
 
@@ -158,8 +168,9 @@ def evolve_schema(
     columns and nested fields that MATCHED and NOT MATCHED clauses assign (every one with ``*``; an
     explicit assignment names the target column by the source's name for it; NOT MATCHED BY SOURCE
     clauses see no source and add nothing), then merged into the target schema: new columns and fields
-    come after the existing ones, in source order, and the types of existing columns never change.
-    Without evolution the target schema stays as it is.
+    come after the existing ones, in source order, and the types of existing columns never change, except
+    with ``widen_types`` (a table with ``delta.enableTypeWidening``), where a wider source type widens them
+    (``delta.typeChanges`` records it). Without evolution the target schema stays as it is.
 
     :raises MergeAnalysisError: (``DELTA_MERGE_ADD_VOID_COLUMN``) evolution would add a VOID (NULL-typed)
         column or field, which Delta refuses.
@@ -169,7 +180,7 @@ def evolve_schema(
     clauses = [c for c in parsed.clauses if c.when != "not_matched_by_source"]
     star = any(c.action in ("update_all", "insert_all") for c in clauses)
     assigned = [tuple(part.lower() for part in a.column) for c in clauses for a in c.assignments]
-    evolved = _merge_structs(target, _assigned_source_fields(source, assigned, star=star))
+    evolved = _merge_structs(target, _assigned_source_fields(source, assigned, star=star), widen=widen_types)
     void = _void_column(evolved)
     if void is not None:
         name = quoted_path(void)

@@ -47,8 +47,14 @@ __all__ = [
 # deltalake's create_checkpoint (commit.actions, every delta.checkpointInterval versions) writes the
 # checkpoint of the version just committed and deletes nothing, even with delta.logRetentionDuration at
 # zero (test_column_defaults checks the log).
+# typeWidening (and its preview): files written before a column was widened are read up-cast to the
+# schema's type and their narrower statistics are not used for skipping (scan); with
+# delta.enableTypeWidening, schema evolution widens a column to a wider source type and records the change
+# in delta.typeChanges, as Delta 4.4 does (protocol/type_widening).
 SUPPORTED_FEATURES = frozenset(
     {
+        "typeWidening",
+        "typeWidening-preview",
         "appendOnly",
         "columnMapping",
         "changeDataFeed",
@@ -77,8 +83,6 @@ _APPEND_ONLY = "appendOnly"
 _ENGINE = "airflow-merge-provider merge job"
 
 _WHY = {
-    "typeWidening": "older files may hold narrower types than the schema; Spark's Parquet reader "
-    "would not widen them the way Delta does",
     "icebergCompatV1": "Iceberg compatibility needs column mapping and Iceberg metadata on commit",
     "icebergCompatV2": "Iceberg compatibility needs column mapping and Iceberg metadata on commit",
     "variantType": "VARIANT columns are not read or written by this job's Parquet path",

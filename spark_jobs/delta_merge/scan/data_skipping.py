@@ -25,6 +25,7 @@ from sqlglot import exp
 from spark_jobs.delta_merge.protocol.column_mapping import partition_keys, physical_name
 from spark_jobs.delta_merge.protocol.files import LiveFile
 from spark_jobs.delta_merge.protocol.partition_values import parse_partition_value
+from spark_jobs.delta_merge.protocol.type_widening import type_changed_columns
 from spark_jobs.delta_merge.statement.expressions import parse_expression, render
 
 if TYPE_CHECKING:
@@ -49,8 +50,11 @@ class _Rewriter:
         self.schema: StructType = snapshot.schema
         self.partition = {c.lower(): c for c in snapshot.partition_columns}
         self.stats: dict[str, tuple[int, StructField]] = {}
+        # A widened column's older files carry statistics of the narrower type: not used.
+        widened = type_changed_columns(self.schema)
         for field in self.schema.fields:
-            if field.name.lower() not in self.partition and isinstance(field.dataType, _STATS_TYPES):
+            if (field.name.lower() not in self.partition and isinstance(field.dataType, _STATS_TYPES)
+                    and field.name not in widened):
                 self.stats[field.name.lower()] = (len(self.stats), field)
 
     def _target_column(self, node: exp.Expr) -> str | None:

@@ -1,5 +1,8 @@
 """Read exactly a given set of a table's live files with Spark: partition values from the log, deleted rows
-(deletion vectors) left out. Files on object stores are read by pyarrow in Spark tasks (arrow_scan)."""
+(deletion vectors) left out. Files on object stores, and the files of a table whose column types were
+widened (Spark's Parquet reader does not up-cast every narrower type Delta allows, INT32 to a DECIMAL with a
+scale say), are read by pyarrow in Spark tasks (arrow_scan), which casts each file's columns to the
+schema's types."""
 
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from spark_jobs.delta_merge.protocol.deletion_vectors import deleted_rows
 from spark_jobs.delta_merge.protocol.files import LiveFile
 from spark_jobs.delta_merge.protocol.partition_values import parse_partition_value
 from spark_jobs.delta_merge.protocol.row_tracking import ROW_COMMIT_VERSION_COLUMN, ROW_ID_COLUMN, RowTracking
+from spark_jobs.delta_merge.protocol.type_widening import has_type_changes
 from spark_jobs.delta_merge.scan.arrow_scan import (
     FILE_PATH,
     ROW_INDEX,
@@ -94,7 +98,7 @@ def _read_live_rows(
     Files without a vector are read as they are; only files with one pay for the anti join on
     (file, ``_metadata.row_index``) against their deleted rows, which are few and broadcast.
     """
-    if is_object_store(snapshot.table_uri):
+    if _reads_with_arrow(snapshot):
         return _read_live_rows_with_arrow(
             spark, snapshot, files, data_schema, with_file_key=with_file_key, with_row_index=with_row_index
         )
@@ -124,6 +128,11 @@ def _read_live_rows(
     for part in parts[1:]:
         result = result.unionByName(part)
     return result
+
+
+def _reads_with_arrow(snapshot: TargetSnapshot) -> bool:
+    """Whether the table's files are read by pyarrow: on an object store, or with widened column types."""
+    return is_object_store(snapshot.table_uri) or has_type_changes(snapshot.schema)
 
 
 def _read_live_rows_with_arrow(
@@ -286,7 +295,7 @@ def scan_for_join(
     in object stores are read by pyarrow, which gives the key for free: both are completed at the scan.
     """
     tracked = row_tracking.materialized_columns if row_tracking is not None else ()
-    if is_object_store(snapshot.table_uri) or snapshot.partition_columns or not files:
+    if _reads_with_arrow(snapshot) or snapshot.partition_columns or not files:
         rows = scan_files(spark, snapshot, files, with_file_key=True, with_row_index=True,
                           row_tracking=row_tracking)  # fmt: skip
         return JoinScan(rows, lambda joined: joined)

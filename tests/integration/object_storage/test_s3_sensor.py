@@ -167,7 +167,8 @@ def test_a_deferrable_sensor_refuses_secret_storage_options_naming_the_key_only(
     s3_server: S3Server, bucket: str
 ) -> None:
     options = s3_server.storage_options()
-    with pytest.raises(MergeArgumentError, match="pass aws_conn_id, azure_conn_id or gcp_conn_id instead") as refused:
+    instead = "pass aws_conn_id, azure_conn_id or gcp_conn_id instead"
+    with pytest.raises(MergeArgumentError, match=instead) as refused:
         _sensor(f"s3://{bucket}/orders", app_id=APP_ID, storage_options=options, deferrable=True)
 
     message = str(refused.value)

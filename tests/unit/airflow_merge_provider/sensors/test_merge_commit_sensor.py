@@ -130,7 +130,8 @@ def test_a_deferrable_sensor_refuses_secret_storage_options_before_deferring(
     tmp_path: Path, make_context: ContextFactory
 ) -> None:
     secret = "sensor-secret-0c9d8e7f"
-    with pytest.raises(MergeArgumentError, match="pass aws_conn_id, azure_conn_id or gcp_conn_id instead") as refused:
+    instead = "pass aws_conn_id, azure_conn_id or gcp_conn_id instead"
+    with pytest.raises(MergeArgumentError, match=instead) as refused:
         _sensor("/t", after_version=0, deferrable=True,
                 storage_options={"AWS_SECRET_ACCESS_KEY": secret, "AWS_REGION": "eu-west-1"})  # fmt: skip
     assert "AWS_SECRET_ACCESS_KEY" in str(refused.value)

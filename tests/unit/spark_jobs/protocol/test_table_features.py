@@ -132,7 +132,7 @@ def test_files_with_deletion_vectors_are_rewritten_not_refused() -> None:
             {"configuration": {"delta.columnMapping.mode": "sideways"}},
             "columnMapping (delta.columnMapping.mode=sideways): not one of none, name, id",
         ),
-        ({"protocol": _features("typeWidening")}, "typeWidening: older files may hold narrower types"),
+        ({"protocol": _features("icebergCompatV2")}, "icebergCompatV2: Iceberg compatibility needs"),
         (
             {"protocol": _features("variantType"), "fields": [_field("v", "variant")]},
             "variantType: VARIANT columns are not read or written",
@@ -195,11 +195,11 @@ def test_append_only_refuses_only_merges_that_remove_files() -> None:
 def test_every_problem_is_listed_at_once() -> None:
     snapshot = _snapshot(
         configuration={"delta.columnMapping.mode": "sideways", "delta.appendOnly": "true"},
-        protocol=_features("columnMapping", "changeDataFeed", "typeWidening"),
+        protocol=_features("columnMapping", "changeDataFeed", "icebergCompatV2"),
     )
     message = _refusal(snapshot)
     assert message.count("\n  - ") == 3
-    assert "typeWidening" in message
+    assert "icebergCompatV2" in message
     assert "engine='delta'" in message  # Delta's own MERGE merges what the job refuses
 
 
