@@ -10,7 +10,7 @@ from typing import Any
 import deltalake
 import pyarrow as pa
 from pyspark.sql.pandas.types import to_arrow_type
-from pyspark.sql.types import ArrayType, CharType, DataType, MapType, StructType, VarcharType
+from pyspark.sql.types import ArrayType, CharType, DataType, MapType, StructType, VarcharType, VariantType
 
 from spark_jobs.delta_merge.errors import MergeAnalysisError
 
@@ -20,6 +20,7 @@ __all__ = [
     "deltalake_schema",
     "normalized_schema_json",
     "spark_schema_from_delta",
+    "variant_paths",
 ]
 
 
@@ -72,6 +73,18 @@ def normalized_schema_json(schema: StructType | str) -> Any:
     """
     text = schema if isinstance(schema, str) else delta_schema_json(schema)
     return json.loads(deltalake.Schema.from_json(text).to_json())
+
+def variant_paths(schema: StructType, base: tuple[str, ...] = ()) -> tuple[tuple[str, ...], ...]:
+    """The paths (through structs) of ``schema``'s VARIANT columns and fields: in files, a struct of the
+    ``value`` and ``metadata`` binaries (PROTOCOL.md, "Variant Data Type")."""
+    paths: list[tuple[str, ...]] = []
+    for f in schema.fields:
+        if isinstance(f.dataType, VariantType):
+            paths.append((*base, f.name))
+        elif isinstance(f.dataType, StructType):
+            paths += variant_paths(f.dataType, (*base, f.name))
+    return tuple(paths)
+
 
 def arrow_schema(schema: StructType) -> pa.Schema:
     """The exact Arrow schema of ``schema``: nullability from Spark, UTC timestamps, no field metadata."""

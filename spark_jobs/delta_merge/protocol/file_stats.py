@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -55,7 +55,7 @@ class StatsLeaf:
 
 def indexed_leaves(
     data_schema: pa.Schema, *, num_indexed_cols: int = DEFAULT_NUM_INDEXED_COLS,
-    stats_columns: Sequence[str] | None = None,
+    stats_columns: Sequence[str] | None = None, whole: Collection[tuple[str, ...]] = (),
 ) -> tuple[StatsLeaf, ...]:
     """The leaves Delta collects statistics on, in schema order.
 
@@ -65,13 +65,24 @@ def indexed_leaves(
     :param stats_columns: ``delta.dataSkippingStatsColumns`` names (``a``, ``s.x``, backticks quote);
         when given they win over ``num_indexed_cols``. Matched case-insensitively; a struct name
         takes all its leaves; names that match nothing are ignored, as Delta's ``filterSchema`` does.
+    :param whole: paths of structs that are one value (VARIANT columns, stored as a struct of ``value``
+        and ``metadata`` binaries): one leaf each, with a nullCount and no bounds.
     """
     fields = list(data_schema)
     if stats_columns is not None:
         wanted = [tuple(p.lower() for p in split_column_name(n)) for n in stats_columns]
-        return tuple(_chosen_leaves(fields, [w for w in wanted if w], ()))
-    budget = num_indexed_cols if num_indexed_cols >= 0 else math.inf
-    return tuple(_first_leaves(fields, budget, ())[0])
+        leaves = list(_chosen_leaves(fields, [w for w in wanted if w], ()))
+    else:
+        budget = num_indexed_cols if num_indexed_cols >= 0 else math.inf
+        leaves = _first_leaves(fields, budget, ())[0]
+    folded: list[StatsLeaf] = []
+    for leaf in leaves:
+        owner = next((w for w in whole if leaf.path[:len(w)] == w and len(leaf.path) > len(w)), None)
+        if owner is None:
+            folded.append(leaf)
+        elif not folded or folded[-1].path != owner:
+            folded.append(StatsLeaf(owner, pa.struct([("value", pa.binary()), ("metadata", pa.binary())])))
+    return tuple(folded)
 
 
 def split_column_name(name: str) -> list[str]:

@@ -6,7 +6,7 @@ import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
-from pyspark.sql.types import ArrayType, DataType, MapType, StructField, StructType, VariantType
+from pyspark.sql.types import StructField, StructType
 
 from spark_jobs.delta_merge.errors import MergeAnalysisError, UnsupportedTableFeatureError
 from spark_jobs.delta_merge.protocol.column_mapping import MODES
@@ -40,6 +40,9 @@ __all__ = [
 # columnMapping: files are read by physical name or field id and written with both (column_mapping.py).
 # allowColumnDefaults: INSERT column lists leaving a column out, and `c = DEFAULT` assignments, take the
 # column's CURRENT_DEFAULT expression as Spark's analyzer does (column_defaults).
+# variantType: VARIANT columns are read by Spark's reader (or pyarrow's, as a struct of the value and
+# metadata binaries) and written as that struct, with a nullCount and no bounds (file_stats); shredding
+# (variantShredding-preview) is refused.
 # materializePartitionColumns: new data and change data files hold the partition columns too, after the
 # others (write/merge_output.py); readers, this job's scans included, take partition values from the log.
 # checkpointProtection only binds log cleanup: commits and checkpoints before
@@ -73,10 +76,11 @@ SUPPORTED_FEATURES = frozenset(
         "allowColumnDefaults",
         "checkpointProtection",
         "materializePartitionColumns",
+        "variantType",
+        "variantType-preview",
     }
 )
 _PROTOCOL = "protocol"
-_VARIANT_FEATURES = frozenset({"variantType", "variantType-preview"})
 CLUSTERING_DOMAIN = "delta.clustering"
 _APPEND_ONLY = "appendOnly"
 # How Delta's messages name the writer ("... unsupported by Delta Lake "<version>"").
@@ -85,8 +89,7 @@ _ENGINE = "airflow-merge-provider merge job"
 _WHY = {
     "icebergCompatV1": "Iceberg compatibility needs column mapping and Iceberg metadata on commit",
     "icebergCompatV2": "Iceberg compatibility needs column mapping and Iceberg metadata on commit",
-    "variantType": "VARIANT columns are not read or written by this job's Parquet path",
-    "variantType-preview": "VARIANT columns are not read or written by this job's Parquet path",
+    "variantShredding-preview": "shredded VARIANT files hold typed_value columns this job does not read",
 }
 
 
@@ -203,25 +206,9 @@ def _problems(snapshot: TargetSnapshot, *, removes_files: bool) -> Iterator[tupl
     yield from _row_tracking_problems(snapshot, config, removes_files=removes_files)
     yield from _clustering_problems(snapshot, config)
     unsupported = (protocol.reader_features | protocol.writer_features) - SUPPORTED_FEATURES
-    if not _has_variant(snapshot.schema):
-        # Supporting variantType means writing VARIANT columns right; a table without one (deltalake lists
-        # the feature on every table it creates with features) asks nothing more of a writer.
-        unsupported -= _VARIANT_FEATURES
     for feature in sorted(unsupported):
         why = _WHY.get(feature, "this job does not know its rules")
         yield feature, f"{feature}: {why}."
-
-
-def _has_variant(data_type: DataType) -> bool:
-    if isinstance(data_type, VariantType):
-        return True
-    if isinstance(data_type, StructType):
-        return any(_has_variant(f.dataType) for f in data_type.fields)
-    if isinstance(data_type, ArrayType):
-        return _has_variant(data_type.elementType)
-    if isinstance(data_type, MapType):
-        return _has_variant(data_type.keyType) or _has_variant(data_type.valueType)
-    return False
 
 
 def _row_tracking_problems(

@@ -24,7 +24,7 @@ from spark_jobs.delta_merge.protocol.column_mapping import (
     physical_arrow_schema,
     physical_path,
 )
-from spark_jobs.delta_merge.protocol.delta_schema import arrow_schema
+from spark_jobs.delta_merge.protocol.delta_schema import arrow_schema, variant_paths
 from spark_jobs.delta_merge.protocol.file_stats import DEFAULT_NUM_INDEXED_COLS, indexed_leaves
 from spark_jobs.delta_merge.protocol.files import WrittenFile
 from spark_jobs.delta_merge.sql_names import quoted_name
@@ -237,7 +237,8 @@ def data_file_plan(
     logical_data = pa.schema(
         [f for f in arrow_schema(schema) if f.name not in partition_columns and f.name not in hidden_columns]
     )
-    leaves = indexed_leaves(logical_data, num_indexed_cols=num_indexed_cols, stats_columns=stats_columns)
+    leaves = indexed_leaves(logical_data, num_indexed_cols=num_indexed_cols, stats_columns=stats_columns,
+                            whole=variant_paths(schema))
     return WriteTaskPlan(
         root=_normalize_root(table_root),
         input_schema=full_schema,

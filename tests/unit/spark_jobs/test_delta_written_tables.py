@@ -49,7 +49,7 @@ TABLES: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
     "icebergCompatV2": (KV, "", "'delta.columnMapping.mode'='name', 'delta.enableIcebergCompatV2'='true', "
                         "'delta.universalFormat.enabledFormats'='iceberg'", ()),
 }  # fmt: skip
-REFUSED = {"variantType", "icebergCompatV2"}
+REFUSED = {"icebergCompatV2"}
 VALUES = {
     "id": "id", "v": "concat('v', id)", "p": "concat('p', id % 2)", "n": "CAST(id AS INT)",
     "j": "parse_json(concat('{\"a\": ', id, '}'))", "ts": "TIMESTAMP_NTZ'2024-01-01 00:00:00'",

@@ -134,8 +134,9 @@ def test_files_with_deletion_vectors_are_rewritten_not_refused() -> None:
         ),
         ({"protocol": _features("icebergCompatV2")}, "icebergCompatV2: Iceberg compatibility needs"),
         (
-            {"protocol": _features("variantType"), "fields": [_field("v", "variant")]},
-            "variantType: VARIANT columns are not read or written",
+            {"protocol": _features("variantType", "variantShredding-preview"),
+             "fields": [_field("v", "variant")]},
+            "variantShredding-preview: shredded VARIANT files hold typed_value columns",
         ),
         (
             {"protocol": _features("rowTracking"), "configuration": {"delta.enableRowTracking": "true"}},
@@ -150,7 +151,7 @@ def test_refused_features(kwargs: dict[str, Any], expected: str) -> None:
     assert expected in _refusal(_snapshot(**kwargs))
 
 
-def test_the_variant_feature_without_a_variant_column_is_writable() -> None:
+def test_the_variant_feature_is_writable_with_or_without_a_variant_column() -> None:
     # deltalake lists variantType on every table it creates with features (deletion vectors, say).
     names = {"type": "struct", "fields": [_field("name", "string")]}
     tags = {"type": "array", "elementType": names, "containsNull": True}
@@ -158,8 +159,9 @@ def test_the_variant_feature_without_a_variant_column_is_writable() -> None:
     snapshot = _snapshot(protocol=protocol, fields=[_field("id"), _field("tags", tags)])
     check_writable(snapshot, removes_files=True)
     body = {"type": "struct", "fields": [_field("body", "variant")]}
-    nested = _snapshot(protocol=_features("variantType"), fields=[_field("doc", body)])
-    assert "variantType: VARIANT columns" in _refusal(nested)
+    for feature in ("variantType", "variantType-preview"):
+        variant_table = _snapshot(protocol=_features(feature), fields=[_field("doc", body)])
+        check_writable(variant_table, removes_files=True)
 
 
 def test_row_tracking_with_change_data_feed_is_writable() -> None:
