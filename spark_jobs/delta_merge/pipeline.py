@@ -20,8 +20,9 @@ from spark_jobs.delta_merge.expectations import check_expectations
 from spark_jobs.delta_merge.merge.execute import execute_merge
 from spark_jobs.delta_merge.metrics import MergeMetrics, stage_times
 from spark_jobs.delta_merge.protocol.column_mapping import map_new_fields
+from spark_jobs.delta_merge.protocol.iceberg_compat import check_iceberg_compat_schema, iceberg_compat_v2
 from spark_jobs.delta_merge.protocol.snapshot import TargetSnapshot, load_snapshot
-from spark_jobs.delta_merge.protocol.type_widening import type_widening_enabled
+from spark_jobs.delta_merge.protocol.type_widening import schema_evolution_widening
 from spark_jobs.delta_merge.session_facts import default_parallelism
 from spark_jobs.delta_merge.source.materialize import (
     MATERIALIZE_MAX_ATTEMPTS,
@@ -35,6 +36,7 @@ from spark_jobs.delta_merge.spark_confs import session_confs
 from spark_jobs.delta_merge.spec import MergeSpec, ParsedMerge
 from spark_jobs.delta_merge.stage_timing import measured_merge, stage
 from spark_jobs.delta_merge.storage.storage_errors import credentials_named
+from spark_jobs.delta_merge.uniform import uniform_iceberg_enabled, write_iceberg_metadata
 
 __all__ = ["run_merge"]
 
@@ -105,6 +107,7 @@ def _run_merge(spark: SparkSession, spec: MergeSpec, parsed: ParsedMerge, *, sta
     if applied is not None:
         log.info("MERGE skipped: app transaction %s v%s is already in the log (version %d)",
                  spec.run.app_id, spec.run.app_version, applied.tableVersion)
+        _catch_up_iceberg_metadata(spec)
         return applied
     with session_confs(spark, _merge_confs(spark, spec)), measured_merge(spark) as cost:
         for attempt in range(1, MATERIALIZE_MAX_ATTEMPTS + 1):
@@ -145,15 +148,18 @@ def _run_attempt(
             if parsed.source_query is not None:
                 source_read = statement_view.enter_context(
                     statement_source(spark, source_read, parsed.source_query))
+            iceberg_compatible = iceberg_compat_v2(snapshot.protocol.writer_features, snapshot.configuration)
             plan = resolve_merge(
                 spark, parsed, target_schema=snapshot.schema, source_schema=source_read.df.schema,
-                options=spec.options, widen_types=type_widening_enabled(
+                options=spec.options, widen_types=schema_evolution_widening(
                     snapshot.protocol.reader_features | snapshot.protocol.writer_features,
-                    snapshot.configuration),
+                    snapshot.configuration, iceberg_compatible=iceberg_compatible),
             )  # fmt: skip
+            if iceberg_compatible:
+                check_iceberg_compat_schema(plan.final_schema, table_uri=snapshot.table_uri)
             # New columns of a column-mapped table need their physical names before anything is written.
             mapped = map_new_fields(snapshot.configuration, snapshot.schema, plan.final_schema,
-                                    mode=snapshot.column_mapping_mode)
+                                    mode=snapshot.column_mapping_mode, nested_ids=iceberg_compatible)
             plan = replace(plan, final_schema=mapped)
         with stage("MERGE operation - materializing the source"):
             source = materialize_source(
@@ -188,4 +194,24 @@ def _run_attempt(
         if spec.options.dry_run:
             return metrics.with_values(dryRun=True, tableVersion=snapshot.version)
         with stage("MERGE operation - committing"):
-            return commit_merge(spark, spec, snapshot=snapshot, plan=plan, outcome=outcome, metrics=metrics)
+            committed = commit_merge(spark, spec, snapshot=snapshot, plan=plan, outcome=outcome,
+                                     metrics=metrics)
+        if uniform_iceberg_enabled(snapshot.configuration) and committed.tableVersion != snapshot.version:
+            with stage("MERGE operation - writing Iceberg metadata (UniForm)"):
+                _write_iceberg_metadata(spec, committed.tableVersion)
+        return committed
+
+
+def _write_iceberg_metadata(spec: MergeSpec, version: int | None) -> None:
+    """The Iceberg metadata of the Delta version the merge committed (UniForm's post-commit conversion)."""
+    options = dict(spec.target.storage_options)
+    converted = load_snapshot(spec.target.uri, storage_options=options, version=version)
+    write_iceberg_metadata(converted, commit_timestamp_ms=converted.in_commit_timestamp)
+
+
+def _catch_up_iceberg_metadata(spec: MergeSpec) -> None:
+    """On a rerun that finds its merge applied: the Iceberg metadata the first run may not have written
+    (killed between its commit and its conversion)."""
+    latest = load_snapshot(spec.target.uri, storage_options=dict(spec.target.storage_options))
+    if uniform_iceberg_enabled(latest.configuration):
+        write_iceberg_metadata(latest, commit_timestamp_ms=latest.in_commit_timestamp)

@@ -82,6 +82,7 @@ def test_pyproject_dependencies_and_dev_extra(pyproject: dict[str, Any]) -> None
         "sqlglot",
         "obstore",
         "pyroaring",
+        "pyiceberg",
     }
     pins = {r.split("==")[1] for r in pyproject["project"]["dependencies"] if r.startswith("pyspark")}
     assert len(pins) == 1, "pyspark and pyspark-client must be the same release"

@@ -35,6 +35,7 @@ from spark_jobs.delta_merge.protocol.identity_columns import (
     identity_columns,
     inserts_generating,
 )
+from spark_jobs.delta_merge.protocol.type_widening import WideningRule
 from spark_jobs.delta_merge.spec import MergeClause, MergeOptions, ParsedMerge
 from spark_jobs.delta_merge.sql_names import quoted_path
 from spark_jobs.delta_merge.statement.expressions import column_refs, qualify_to_side, split_conjuncts
@@ -72,7 +73,7 @@ _WHOLE_SOURCE_STRUCT = "\x00source struct"
 class _Resolver:
     def __init__(
         self, spark: SparkSession, parsed: ParsedMerge, target_schema: StructType,
-        source_schema: StructType, options: MergeOptions, widen_types: bool = False,
+        source_schema: StructType, options: MergeOptions, widen_types: WideningRule | None = None,
     ) -> None:
         self.spark = spark
         self.parsed = parsed
@@ -454,10 +455,11 @@ class _Resolver:
 
 def resolve_merge(
     spark: SparkSession, parsed: ParsedMerge, *, target_schema: StructType, source_schema: StructType,
-    options: MergeOptions, widen_types: bool = False,
+    options: MergeOptions, widen_types: WideningRule | None = None,
 ) -> MergePlan:
     """Resolve every expression of the merge; raise :class:`MergeAnalysisError` on what Delta rejects.
 
-    :param widen_types: the table widens types in schema evolution (``delta.enableTypeWidening``).
+    :param widen_types: how the table widens types in schema evolution (``delta.enableTypeWidening``), or
+        None.
     """
     return _Resolver(spark, parsed, target_schema, source_schema, options, widen_types).resolve()

@@ -27,7 +27,7 @@ from pyspark.sql.types import (
 from spark_jobs.delta_merge.analysis.store_assignment import find_field
 from spark_jobs.delta_merge.errors import MergeAnalysisError
 from spark_jobs.delta_merge.protocol.type_widening import (
-    widens_in_schema_evolution,
+    WideningRule,
     with_recorded_type_changes,
 )
 from spark_jobs.delta_merge.sql_names import quoted_path
@@ -38,9 +38,9 @@ __all__ = ["evolve_schema"]
 Path = tuple[str, ...]
 
 
-def _merge_types(target: DataType, source: DataType, *, widen: bool) -> DataType:
+def _merge_types(target: DataType, source: DataType, *, widen: WideningRule | None) -> DataType:
     """The target type widened by the source's extra struct fields; existing types are kept, unless
-    ``widen`` (a type-widening table) and the source's type is one Delta widens the target's to.
+    ``widen`` (a type-widening table's rule) takes the source's type as one Delta widens the target's to.
 
     :raises _IncompatibleTypes: the source type has no implicit cast to the target's.
     """
@@ -55,7 +55,7 @@ def _merge_types(target: DataType, source: DataType, *, widen: bool) -> DataType
             _merge_types(target.valueType, source.valueType, widen=widen),
             target.valueContainsNull,
         )
-    if widen and widens_in_schema_evolution(target, source):
+    if widen is not None and widen(target, source):
         return source
     if not _implicitly_castable(source, target):
         raise _IncompatibleTypes(target, source)
@@ -96,7 +96,7 @@ def _scala_name(data_type: DataType) -> str:
     return type(data_type).__name__
 
 
-def _merge_structs(target: StructType, source: StructType, *, widen: bool) -> StructType:
+def _merge_structs(target: StructType, source: StructType, *, widen: WideningRule | None) -> StructType:
     # As Delta's SchemaMergingUtils.mergeSchemas: target fields first, in order, with their types (a
     # VOID source field takes the target's type; a source type with no implicit cast to the target's is
     # refused; on a type-widening table a wider source type widens the field, recorded in its
@@ -160,7 +160,8 @@ def _void_column(data_type: DataType, path: Path = ()) -> Path | None:
 
 
 def evolve_schema(
-    parsed: ParsedMerge, target: StructType, source: StructType, *, enabled: bool, widen_types: bool = False
+    parsed: ParsedMerge, target: StructType, source: StructType, *, enabled: bool,
+    widen_types: WideningRule | None = None,
 ) -> StructType:
     """The table schema after the merge.
 

@@ -5,7 +5,10 @@ has a logical (display) name, a physical name (``delta.columnMapping.physicalNam
 (``delta.columnMapping.id``). Parquet files, ``partitionValues`` keys and ``stats`` keys use the physical
 name, and Parquet field ids carry the id; a rename changes only the logical name and a dropped column
 stays in old files. This job reads files by physical name (``name`` mode) or by field id (``id`` mode),
-works on logical names in Spark, and writes physical names and field ids.
+works on logical names in Spark, and writes physical names and field ids. The ``element``, ``key`` and
+``value`` fields of arrays and maps have ids too where the table gives them
+(``delta.columnMapping.nested.ids`` on their nearest struct field, as Delta keeps them for
+IcebergCompatV2): those go into the Parquet schema as well, and fields a merge adds get them on such tables.
 
 Hand-written because nothing on this job's path does it: delta-spark is not used, and deltalake only
 translates partition values (``get_add_actions`` gives them by logical name, stats by physical name).
@@ -29,6 +32,7 @@ __all__ = [
     "MAX_COLUMN_ID_PROPERTY",
     "MODES",
     "MODE_PROPERTY",
+    "NESTED_IDS_KEY",
     "assign_column_mapping",
     "logical_column",
     "map_new_fields",
@@ -45,6 +49,9 @@ MODE_PROPERTY = "delta.columnMapping.mode"
 MAX_COLUMN_ID_PROPERTY = "delta.columnMapping.maxColumnId"
 _ID_KEY = "delta.columnMapping.id"
 _PHYSICAL_NAME_KEY = "delta.columnMapping.physicalName"
+# {"<physical name>.element" | ".key" | ".value" (chained for deeper levels): id}, on the nearest struct
+# field: where Delta keeps the ids of array elements and map keys and values (PROTOCOL.md, IcebergCompatV2).
+NESTED_IDS_KEY = "delta.columnMapping.nested.ids"
 # Spark's Parquet reader matches a requested field by this id (spark.sql.parquet.fieldId.read.enabled).
 _SPARK_FIELD_ID_KEY = "parquet.field.id"
 # pyarrow's Parquet writer turns this Arrow field metadata into the field_id of the Parquet schema.
@@ -159,35 +166,95 @@ def physical_arrow_schema(schema: StructType, arrow: pa.Schema, mode: str) -> pa
 
 
 def _arrow_field(field: StructField, arrow: pa.Field, mode: str) -> pa.Field:
-    field_id = field.metadata.get(_ID_KEY)
-    metadata = {ARROW_FIELD_ID_KEY: str(field_id).encode()} if field_id is not None else None
-    return pa.field(physical_name(field, mode), _arrow_type(field.dataType, arrow.type, mode),
-                    nullable=arrow.nullable, metadata=metadata)
+    name = physical_name(field, mode)
+    nested = field.metadata.get(NESTED_IDS_KEY) or {}
+    return _with_field_id(pa.field(name, _arrow_type(field.dataType, arrow.type, mode, nested, name),
+                                   nullable=arrow.nullable), field.metadata.get(_ID_KEY))
 
 
-def _arrow_type(data_type: DataType, arrow: pa.DataType, mode: str) -> pa.DataType:
+def _with_field_id(arrow: pa.Field, field_id: object) -> pa.Field:
+    return arrow if field_id is None else arrow.with_metadata({ARROW_FIELD_ID_KEY: str(field_id).encode()})
+
+
+def _arrow_type(
+    data_type: DataType, arrow: pa.DataType, mode: str, nested: Mapping[str, Any], prefix: str
+) -> pa.DataType:
     if isinstance(data_type, StructType):
         return pa.struct([_arrow_field(f, arrow.field(i), mode) for i, f in enumerate(data_type.fields)])
     if isinstance(data_type, ArrayType):
-        element = arrow.value_field
-        return pa.list_(element.with_type(_arrow_type(data_type.elementType, element.type, mode)))
+        key = f"{prefix}.element"
+        return pa.list_(_nested_arrow_field(data_type.elementType, arrow.value_field, mode, nested, key))
     if isinstance(data_type, MapType):
-        key, item = arrow.key_field, arrow.item_field
-        return pa.map_(key.with_type(_arrow_type(data_type.keyType, key.type, mode)),
-                       item.with_type(_arrow_type(data_type.valueType, item.type, mode)))
+        key = _nested_arrow_field(data_type.keyType, arrow.key_field, mode, nested, f"{prefix}.key")
+        item = _nested_arrow_field(data_type.valueType, arrow.item_field, mode, nested, f"{prefix}.value")
+        return pa.map_(key, item)
     return arrow
 
 
-def assign_column_mapping(old: StructType, new: StructType, max_column_id: int) -> tuple[StructType, int]:
+def _nested_arrow_field(
+    data_type: DataType, arrow: pa.Field, mode: str, nested: Mapping[str, Any], key: str
+) -> pa.Field:
+    typed = arrow.with_type(_arrow_type(data_type, arrow.type, mode, nested, key))
+    return _with_field_id(typed, nested.get(key))
+
+
+def assign_column_mapping(
+    old: StructType, new: StructType, max_column_id: int, *, nested_ids: bool = False
+) -> tuple[StructType, int]:
     """``new`` (``old`` evolved) with every field that ``old`` lacks given the next free id and a fresh
     ``col-<uuid>`` physical name, at any depth; returns it and the new highest id.
 
     Fields of ``old`` keep their mapping. Mapping metadata a new field brought along (from a column-mapped
     source) is replaced: ids and physical names belong to this table.
+
+    :param nested_ids: also give the arrays and maps of new fields ids for their element, key and value
+        (:data:`NESTED_IDS_KEY`), after the fields' own ids, as Delta does on IcebergCompatV2 tables.
     """
     counter = [max_column_id]
     fields = [_assigned(f, _field(old, f.name), counter) for f in new.fields]
-    return StructType(fields), counter[0]
+    assigned = StructType(fields)
+    if nested_ids:
+        assigned = StructType([_with_nested_ids(f, _field(old, f.name), counter) for f in assigned.fields])
+    return assigned, counter[0]
+
+
+def _with_nested_ids(field: StructField, old: StructField | None, counter: list[int]) -> StructField:
+    data_type = _nested_ids_within(field.dataType, old.dataType if old is not None else None, counter)
+    metadata = dict(field.metadata)
+    if old is None:
+        ids = {}
+        for key in _nested_id_keys(field.dataType, str(metadata.get(_PHYSICAL_NAME_KEY, field.name))):
+            counter[0] += 1
+            ids[key] = counter[0]
+        metadata[NESTED_IDS_KEY] = ids
+    return StructField(field.name, data_type, field.nullable, metadata)
+
+
+def _nested_ids_within(data_type: DataType, old: DataType | None, counter: list[int]) -> DataType:
+    """``data_type`` with nested ids for the new struct fields inside it (at any depth)."""
+    if isinstance(data_type, StructType):
+        return StructType([_with_nested_ids(f, _field(old, f.name), counter) for f in data_type.fields])
+    if isinstance(data_type, ArrayType):
+        old_element = old.elementType if isinstance(old, ArrayType) else None
+        element = _nested_ids_within(data_type.elementType, old_element, counter)
+        return ArrayType(element, data_type.containsNull)
+    if isinstance(data_type, MapType):
+        old_key = old.keyType if isinstance(old, MapType) else None
+        old_value = old.valueType if isinstance(old, MapType) else None
+        key = _nested_ids_within(data_type.keyType, old_key, counter)
+        return MapType(key, _nested_ids_within(data_type.valueType, old_value, counter),
+                       data_type.valueContainsNull)
+    return data_type
+
+
+def _nested_id_keys(data_type: DataType, prefix: str) -> list[str]:
+    """The :data:`NESTED_IDS_KEY` keys of a field's arrays and maps, down to the next struct."""
+    if isinstance(data_type, ArrayType):
+        return [f"{prefix}.element", *_nested_id_keys(data_type.elementType, f"{prefix}.element")]
+    if isinstance(data_type, MapType):
+        return [f"{prefix}.key", f"{prefix}.value", *_nested_id_keys(data_type.keyType, f"{prefix}.key"),
+                *_nested_id_keys(data_type.valueType, f"{prefix}.value")]
+    return []
 
 
 def _field(struct: DataType | None, name: str) -> StructField | None:
@@ -229,15 +296,18 @@ def _assigned_type(data_type: DataType, old: DataType | None, counter: list[int]
 
 
 def map_new_fields(
-    configuration: Mapping[str, str], old: StructType, new: StructType, *, mode: str
+    configuration: Mapping[str, str], old: StructType, new: StructType, *, mode: str, nested_ids: bool = False
 ) -> StructType:
     """For a column-mapped table (``mode`` not ``none``): ``new`` (``old`` evolved) with mapping for its
     new fields; as it is otherwise. Ids continue from the larger of ``delta.columnMapping.maxColumnId``
-    and the ids in use, so a table whose property lags behind its schema never gets an id twice."""
+    and the ids in use, so a table whose property lags behind its schema never gets an id twice.
+
+    :param nested_ids: the table keeps ids for array elements and map keys and values (IcebergCompatV2).
+    """
     if mode == "none":
         return new
     current = max(int(configuration.get(MAX_COLUMN_ID_PROPERTY, "0") or 0), _max_id(old))
-    return assign_column_mapping(old, new, current)[0]
+    return assign_column_mapping(old, new, current, nested_ids=nested_ids)[0]
 
 
 def max_column_id_update(
@@ -254,10 +324,15 @@ def max_column_id_update(
     return {MAX_COLUMN_ID_PROPERTY: str(highest)}
 
 
+def _field_ids(field: StructField) -> int:
+    """The highest id a field holds: its own, or one of its nested ids (which ``maxColumnId`` counts too)."""
+    nested = field.metadata.get(NESTED_IDS_KEY) or {}
+    return max([int(field.metadata.get(_ID_KEY, 0)), *(int(i) for i in nested.values())])
+
+
 def _max_id(data_type: DataType) -> int:
     if isinstance(data_type, StructType):
-        return max((max(int(f.metadata.get(_ID_KEY, 0)), _max_id(f.dataType)) for f in data_type.fields),
-                   default=0)
+        return max((max(_field_ids(f), _max_id(f.dataType)) for f in data_type.fields), default=0)
     if isinstance(data_type, ArrayType):
         return _max_id(data_type.elementType)
     if isinstance(data_type, MapType):

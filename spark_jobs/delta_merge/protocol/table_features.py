@@ -12,6 +12,11 @@ from spark_jobs.delta_merge.errors import MergeAnalysisError, UnsupportedTableFe
 from spark_jobs.delta_merge.protocol.column_mapping import MODES
 from spark_jobs.delta_merge.protocol.delta_schema import arrow_schema
 from spark_jobs.delta_merge.protocol.file_stats import indexed_leaves
+from spark_jobs.delta_merge.protocol.iceberg_compat import (
+    ICEBERG_COMPAT_V2,
+    iceberg_compat_problems,
+    iceberg_compat_v2,
+)
 from spark_jobs.delta_merge.protocol.row_tracking import row_tracking
 from spark_jobs.delta_merge.protocol.snapshot import TargetSnapshot
 
@@ -54,6 +59,9 @@ __all__ = [
 # schema's type and their narrower statistics are not used for skipping (scan); with
 # delta.enableTypeWidening, schema evolution widens a column to a wider source type and records the change
 # in delta.typeChanges, as Delta 4.4 does (protocol/type_widening).
+# icebergCompatV2: merges keep its writer rules (protocol/iceberg_compat); where
+# delta.universalFormat.enabledFormats names iceberg, each merge also writes the Iceberg metadata of the
+# version it committed (uniform), as Delta's UniForm converter does after a commit.
 SUPPORTED_FEATURES = frozenset(
     {
         "typeWidening",
@@ -78,6 +86,7 @@ SUPPORTED_FEATURES = frozenset(
         "materializePartitionColumns",
         "variantType",
         "variantType-preview",
+        ICEBERG_COMPAT_V2,
     }
 )
 _PROTOCOL = "protocol"
@@ -87,8 +96,8 @@ _APPEND_ONLY = "appendOnly"
 _ENGINE = "airflow-merge-provider merge job"
 
 _WHY = {
-    "icebergCompatV1": "Iceberg compatibility needs column mapping and Iceberg metadata on commit",
-    "icebergCompatV2": "Iceberg compatibility needs column mapping and Iceberg metadata on commit",
+    "icebergCompatV1": "IcebergCompatV1's rules (no arrays or maps, V1 Iceberg metadata) are not kept by "
+    "this job; IcebergCompatV2 tables are merged",
     "variantShredding-preview": "shredded VARIANT files hold typed_value columns this job does not read",
 }
 
@@ -140,6 +149,9 @@ def _delta_refusal(snapshot: TargetSnapshot, features: list[str]) -> tuple[str, 
             "release."
         )
     unsupported = [f for f in features if f != _APPEND_ONLY]
+    if unsupported and set(unsupported) == {ICEBERG_COMPAT_V2}:
+        # The feature is supported; the table breaks one of its rules, which Delta reports so.
+        return "DELTA_ICEBERG_COMPAT_VIOLATION", "The validation of IcebergCompatV2 has failed."
     if unsupported:
         return "DELTA_UNSUPPORTED_FEATURES_FOR_WRITE", (
             f'Unsupported Delta write feature: table "{table}" requires writer table feature(s) that are '
@@ -152,9 +164,13 @@ def _delta_refusal(snapshot: TargetSnapshot, features: list[str]) -> tuple[str, 
 
 
 def materializes_partition_columns(snapshot: TargetSnapshot) -> bool:
-    """The ``materializePartitionColumns`` writer feature is on: every new file holds the partition
-    columns (PROTOCOL.md, "Materialize Partition Columns")."""
-    return "materializePartitionColumns" in snapshot.protocol.writer_features
+    """Every new file holds the partition columns: the ``materializePartitionColumns`` writer feature
+    is on (PROTOCOL.md, "Materialize Partition Columns"), or IcebergCompatV2 is active, which asks the
+    same (Iceberg readers take partition values from the files)."""
+    writer_features = snapshot.protocol.writer_features
+    return "materializePartitionColumns" in writer_features or iceberg_compat_v2(
+        writer_features, snapshot.configuration
+    )
 
 
 def change_data_feed_enabled(snapshot: TargetSnapshot) -> bool:
@@ -204,6 +220,8 @@ def _problems(snapshot: TargetSnapshot, *, removes_files: bool) -> Iterator[tupl
             "Only insert-only merges are allowed; set delta.appendOnly=false to allow it."
         )
     yield from _row_tracking_problems(snapshot, config, removes_files=removes_files)
+    yield from iceberg_compat_problems(protocol.writer_features, snapshot.configuration,
+                                       column_mapping_mode=mode)  # fmt: skip
     yield from _clustering_problems(snapshot, config)
     unsupported = (protocol.reader_features | protocol.writer_features) - SUPPORTED_FEATURES
     for feature in sorted(unsupported):

@@ -9,7 +9,7 @@ Delta's Parquet reader does; their statistics are in the narrower type too.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from pyspark.sql.types import (
@@ -29,9 +29,12 @@ from pyspark.sql.types import (
 
 __all__ = [
     "TYPE_CHANGES",
+    "WideningRule",
     "has_type_changes",
+    "schema_evolution_widening",
     "type_changed_columns",
     "type_widening_enabled",
+    "widens_for_iceberg",
     "widens_in_schema_evolution",
     "with_recorded_type_changes",
 ]
@@ -59,6 +62,31 @@ def type_widening_enabled(protocol_features: frozenset[str], configuration: Mapp
     config = {key.lower(): value for key, value in configuration.items()}
     enabled = config.get("delta.enabletypewidening", "false").lower() == "true"
     return enabled and bool(protocol_features & _FEATURES)
+
+
+# Whether a MERGE with schema evolution widens a column of the first type to the second.
+WideningRule = Callable[[DataType, DataType], bool]
+
+
+def schema_evolution_widening(
+    protocol_features: frozenset[str], configuration: Mapping[str, str], *, iceberg_compatible: bool
+) -> WideningRule | None:
+    """The rule schema evolution widens types by on this table: None without ``delta.enableTypeWidening``;
+    on an Iceberg-compatible table only the changes Iceberg's schema evolution allows (Delta's
+    ``isTypeChangeSupportedByIceberg``), so that the Iceberg schema can follow."""
+    if not type_widening_enabled(protocol_features, configuration):
+        return None
+    return widens_for_iceberg if iceberg_compatible else widens_in_schema_evolution
+
+
+def widens_for_iceberg(target: DataType, source: DataType) -> bool:
+    """The widenings Iceberg v2 allows among Delta's: integral to a wider integral (Iceberg's int to long),
+    FLOAT to DOUBLE, a DECIMAL to more digits at the same scale."""
+    if isinstance(target, DecimalType) and isinstance(source, DecimalType):
+        return source.scale == target.scale and source.precision > target.precision
+    if (isinstance(target, _INTEGRAL) and isinstance(source, _INTEGRAL)) or isinstance(target, FloatType):
+        return widens_in_schema_evolution(target, source)
+    return False
 
 
 def widens_in_schema_evolution(target: DataType, source: DataType) -> bool:

@@ -330,11 +330,11 @@ def not_null_violated(root: Path) -> tuple[Path, dict[str, Any]]:
     return target, spec(target, make_source(root), sql)
 
 
-@case(UnsupportedTableFeatureError, "icebergCompatV2: Iceberg compatibility needs column mapping")
-def iceberg_compatible_table(root: Path) -> tuple[Path, dict[str, Any]]:
+@case(UnsupportedTableFeatureError, "icebergCompatV1: IcebergCompatV1's rules (no arrays or maps")
+def iceberg_compatible_v1_table(root: Path) -> tuple[Path, dict[str, Any]]:
     target = root / "t"
     write_deltalake(str(target), kv([(1, 1, "a"), (2, 2, "b"), (4, 4, "b")]), partition_by=["v"])
-    _commit_protocol(target, writer_features=["icebergCompatV2"])
+    _commit_protocol(target, writer_features=["icebergCompatV1"])
     return target, spec(target, make_source(root), ON + "WHEN MATCHED THEN UPDATE SET n = s.n")
 
 

@@ -4,8 +4,9 @@ the result.
 
 Delta creates each table with ``CREATE TABLE ... USING delta`` and the feature's properties, inserts five
 rows (and, where the feature needs it, deletes one, widens a type or writes a checkpoint), then the job
-upserts three rows. Refused, as the job cannot yet write them as Delta does: variant and icebergCompatV2
-(UniForm); type widening is merged (tests/unit/spark_jobs/test_type_widening.py has the rest). Delta 4.4
+upserts three rows; on the UniForm table (icebergCompatV2) pyiceberg reads the rows back from the Iceberg
+metadata the job wrote (tests/unit/spark_jobs/test_uniform_tables.py has the rest). Type widening is merged
+(tests/unit/spark_jobs/test_type_widening.py has the rest). Delta 4.4
 does not create collated string columns by default (its type check
 refuses them), so collations are not among these tables.
 """
@@ -20,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.support.delta_reader import read_rows_with_kernel, table_version
+from tests.support.delta_reader import read_rows_with_kernel
 
 UPSERT = (
     "MERGE INTO t USING s ON t.id = s.id WHEN MATCHED THEN UPDATE SET v = s.v "
@@ -49,7 +50,6 @@ TABLES: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
     "icebergCompatV2": (KV, "", "'delta.columnMapping.mode'='name', 'delta.enableIcebergCompatV2'='true', "
                         "'delta.universalFormat.enabledFormats'='iceberg'", ()),
 }  # fmt: skip
-REFUSED = {"icebergCompatV2"}
 VALUES = {
     "id": "id", "v": "concat('v', id)", "p": "concat('p', id % 2)", "n": "CAST(id AS INT)",
     "j": "parse_json(concat('{\"a\": ', id, '}'))", "ts": "TIMESTAMP_NTZ'2024-01-01 00:00:00'",
@@ -69,33 +69,31 @@ def _delta_table(spark: Any, path: Path, feature: str) -> None:
 
 
 @pytest.mark.parametrize("feature", list(TABLES))
-def test_the_job_merges_into_a_table_delta_wrote_or_refuses_it_and_the_delta_engine_merges_it(
+def test_the_job_merges_into_a_table_delta_wrote_with_the_feature(
     spark: Any, tmp_path: Path, feature: str
 ) -> None:
     from spark_jobs.delta_merge import run_merge
-    from spark_jobs.delta_merge.errors import UnsupportedTableFeatureError
 
     path = tmp_path / "t"
     _delta_table(spark, path, feature)
     before = {r["id"]: r["v"] for r in spark.read.format("delta").load(str(path)).collect()}
-    version = table_version(path)
     (tmp_path / "s").mkdir()
     pq.write_table(pa.table({"id": pa.array([1, 3, 7], pa.int64()), "v": ["A", "C", "G"]}),
                    tmp_path / "s" / "part-0.parquet")  # fmt: skip
     spec = {"target": {"uri": str(path)}, "source": {"uri": str(tmp_path / "s")}, "merge_sql": UPSERT}
-    if feature in REFUSED:
-        with pytest.raises(UnsupportedTableFeatureError, match=feature):
-            run_merge(spark, spec)
-        assert table_version(path) == version
-        # The delta engine merges it: Delta's own MERGE INTO honours the feature.
-        spec |= {"options": {"engine": "delta"}, "run": {"app_id": "delta-engine", "app_version": 1}}
-
     metrics = run_merge(spark, spec).to_dict()
     assert (metrics["numTargetRowsUpdated"], metrics["numTargetRowsInserted"]) == (2, 1)
     expected = sorted({**before, 1: "A", 3: "C", 7: "G"}.items())
     assert sorted((r["id"], r["v"]) for r in spark.read.format("delta").load(str(path)).collect()) == expected
     if feature != "variantType":  # DuckDB cannot hand a VARIANT column to Arrow
         assert sorted((r[0], r[1]) for r in read_rows_with_kernel(path, columns=["id", "v"])) == expected
+    if feature == "icebergCompatV2":
+        from pyiceberg.table import StaticTable
+
+        from spark_jobs.delta_merge.uniform.iceberg_metadata import latest_metadata_location
+
+        iceberg = StaticTable.from_metadata(str(latest_metadata_location(str(path))))
+        assert sorted((r["id"], r["v"]) for r in iceberg.scan().to_arrow().to_pylist()) == expected
 
 
 @pytest.mark.parametrize("feature", ["clustering", "v2Checkpoint"])

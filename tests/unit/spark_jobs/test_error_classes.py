@@ -181,6 +181,27 @@ def unknown_write_feature(_: Context) -> object:
     return check_writable(_snapshot([field], TableProtocol(3, 7, features, features)), removes_files=True)
 
 
+def iceberg_compat_with_deletion_vectors(_: Context) -> object:
+    mapping = {"delta.columnMapping.id": 1, "delta.columnMapping.physicalName": "col-1"}
+    field = {"name": "id", "type": "long", "nullable": True, "metadata": mapping}
+    features = frozenset({"icebergCompatV2", "columnMapping", "deletionVectors"})
+    snapshot = dataclasses.replace(
+        _snapshot([field], TableProtocol(3, 7, features, features)),
+        configuration={"delta.enableIcebergCompatV2": "true", "delta.columnMapping.mode": "name",
+                       "delta.enableDeletionVectors": "true"},
+    )  # fmt: skip
+    return check_writable(snapshot, removes_files=True)
+
+
+def iceberg_compat_unsupported_type(_: Context) -> object:
+    from pyspark.sql.types import LongType, StructField, StructType, VariantType
+
+    from spark_jobs.delta_merge.protocol.iceberg_compat import check_iceberg_compat_schema
+
+    schema = StructType([StructField("id", LongType()), StructField("j", VariantType())])
+    return check_iceberg_compat_schema(schema, table_uri="file:///data/t")
+
+
 def protocol_too_new(_: Context) -> object:
     field = {"name": "id", "type": "long", "nullable": True, "metadata": {}}
     snapshot = _snapshot([field], TableProtocol(4, 8))
@@ -402,6 +423,11 @@ ROWS: list[Row] = [
     Row("DELTA_UNSUPPORTED_FEATURES_FOR_WRITE", unknown_write_feature,
         ("Unsupported Delta write feature: table ", " requires writer table feature(s) that are unsupported "
          "by Delta Lake ", ": someFutureFeature.")),
+    Row("DELTA_ICEBERG_COMPAT_VIOLATION", iceberg_compat_with_deletion_vectors,
+        ("The validation of IcebergCompatV2 has failed.", "requires deletion vectors to be disabled")),
+    Row("DELTA_ICEBERG_COMPAT_VIOLATION.UNSUPPORTED_DATA_TYPE", iceberg_compat_unsupported_type,
+        ("The validation of IcebergCompatV2 has failed. IcebergCompatV2 does not support the data type "
+         "variant in your schema",)),
     Row("DELTA_CANNOT_MODIFY_APPEND_ONLY", _refusal(configuration={"delta.appendOnly": "true"}),
         ("This table is configured to only allow appends. If you would like to permit updates or deletes, "
          "use 'ALTER TABLE ", " SET TBLPROPERTIES (delta.appendOnly=false)'.")),

@@ -1,9 +1,9 @@
 """The job's import graph: each unit imports only the units below it, and no module imports itself back.
 
-The units are Delta's own (statement, storage, protocol, analysis, scan, source, write, merge, commit),
-plus the root's modules: the basics every unit may import, the delta engine (Delta's own MERGE, beside the
-pipeline), the contract between them, and the entry points that import everything. Every import counts:
-module level, inside functions and under TYPE_CHECKING.
+The units are Delta's own (statement, storage, protocol, analysis, scan, source, write, merge, commit,
+uniform), plus the root's modules: the basics every unit may import, the delta engine (Delta's own MERGE,
+beside the pipeline), the contract between them, and the entry points that import everything. Every import
+counts: module level, inside functions and under TYPE_CHECKING.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ LAYERS: list[set[str]] = [
     {"write"},
     {"merge"},
     {"commit"},
+    {"uniform"},
     {"delta_engine"},
     {"contract", "pipeline", "__main__", "__init__"},
 ]

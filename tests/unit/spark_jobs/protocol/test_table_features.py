@@ -132,7 +132,25 @@ def test_files_with_deletion_vectors_are_rewritten_not_refused() -> None:
             {"configuration": {"delta.columnMapping.mode": "sideways"}},
             "columnMapping (delta.columnMapping.mode=sideways): not one of none, name, id",
         ),
-        ({"protocol": _features("icebergCompatV2")}, "icebergCompatV2: Iceberg compatibility needs"),
+        ({"protocol": _features("icebergCompatV1")}, "icebergCompatV1: IcebergCompatV1's rules"),
+        (
+            {"protocol": _features("icebergCompatV2"),
+             "configuration": {"delta.enableIcebergCompatV2": "true"}},
+            "icebergCompatV2: requires column mapping in 'name' or 'id' mode, but delta.columnMapping.mode "
+            "is 'none'",
+        ),
+        (
+            {"protocol": _features("icebergCompatV2", "columnMapping", "deletionVectors"),
+             "configuration": {"delta.enableIcebergCompatV2": "true", "delta.columnMapping.mode": "name",
+                               "delta.enableDeletionVectors": "true"}},
+            "icebergCompatV2: requires deletion vectors to be disabled",
+        ),
+        (
+            {"protocol": _features("icebergCompatV2", "icebergCompatV1", "columnMapping"),
+             "configuration": {"delta.enableIcebergCompatV2": "true", "delta.enableIcebergCompatV1": "true",
+                               "delta.columnMapping.mode": "id"}},
+            "icebergCompatV2: IcebergCompatV1 is active too",
+        ),
         (
             {"protocol": _features("variantType", "variantShredding-preview"),
              "fields": [_field("v", "variant")]},
@@ -197,11 +215,11 @@ def test_append_only_refuses_only_merges_that_remove_files() -> None:
 def test_every_problem_is_listed_at_once() -> None:
     snapshot = _snapshot(
         configuration={"delta.columnMapping.mode": "sideways", "delta.appendOnly": "true"},
-        protocol=_features("columnMapping", "changeDataFeed", "icebergCompatV2"),
+        protocol=_features("columnMapping", "changeDataFeed", "icebergCompatV1"),
     )
     message = _refusal(snapshot)
     assert message.count("\n  - ") == 3
-    assert "icebergCompatV2" in message
+    assert "icebergCompatV1" in message
     assert "engine='delta'" in message  # Delta's own MERGE merges what the job refuses
 
 
