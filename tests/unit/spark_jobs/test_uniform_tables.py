@@ -162,3 +162,44 @@ def test_a_merge_on_spark_connect_writes_the_iceberg_metadata_too(
     iceberg = _iceberg(path)
     assert iceberg.properties["delta-version"] == str(metrics["tableVersion"])
     assert _rows(iceberg.scan().to_arrow()) == _delta_rows(spark, path)
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "SELECT 1L id, 5000000000L n, CAST(3.00 AS DECIMAL(10,2)) d",  # INT to BIGINT: Iceberg's int to long
+        "SELECT 1L id, 5 n, CAST(3.000 AS DECIMAL(12,3)) d",  # a scale change Iceberg cannot follow
+        "SELECT 1L id, CAST(5.5 AS DOUBLE) n, CAST(3.00 AS DECIMAL(10,2)) d",  # INT to DOUBLE: neither
+    ],
+    ids=["int-to-long", "decimal-scale", "int-to-double"],
+)
+def test_schema_evolution_on_a_uniform_table_widens_only_as_iceberg_can_as_delta_does(
+    spark: Any, tmp_path: Path, source: str
+) -> None:
+    """Against Delta's own MERGE WITH SCHEMA EVOLUTION on a copy of the same table (typeWidening on)."""
+    import shutil
+
+    from spark_jobs.delta_merge import run_merge
+
+    table = tmp_path / "t"
+    spark.sql(f"CREATE TABLE delta.`{table}` (id BIGINT, n INT, d DECIMAL(10,2)) USING delta "
+              f"TBLPROPERTIES ({UNIFORM}, 'delta.enableTypeWidening'='true')")  # fmt: skip
+    spark.sql(f"INSERT INTO delta.`{table}` VALUES (1, 1, 1.00), (2, 2, 2.00)")
+    reference = tmp_path / "delta"
+    shutil.copytree(table, reference)
+    spark.sql(f"MERGE WITH SCHEMA EVOLUTION INTO delta.`{reference}` t USING ({source}) s ON t.id = s.id "
+              "WHEN MATCHED THEN UPDATE SET *")  # fmt: skip
+    spark.sql(source).write.parquet(str(tmp_path / "s"))
+    run_merge(spark, {"target": {"uri": str(table)}, "source": {"uri": str(tmp_path / "s")},
+                      "merge_sql": "MERGE INTO t USING s ON t.id = s.id WHEN MATCHED THEN UPDATE SET *",
+                      "options": {"schema_evolution": True}})  # fmt: skip
+
+    def read(path: Path) -> tuple[str, list[tuple[Any, ...]]]:
+        frame = spark.read.format("delta").load(str(path))
+        return frame.schema.simpleString(), sorted(tuple(r) for r in frame.collect())
+
+    assert read(table) == read(reference)
+    iceberg = _iceberg(table)
+    widened = read(table)[0].startswith("struct<id:bigint,n:bigint")
+    assert str(iceberg.schema().find_field("n").field_type) == ("long" if widened else "int")
+    assert sorted(tuple(r.values()) for r in iceberg.scan().to_arrow().to_pylist()) == read(table)[1]
