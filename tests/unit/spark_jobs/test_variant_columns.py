@@ -33,6 +33,19 @@ def _rows(spark: Any, table: Path) -> list[tuple[Any, ...]]:
 def test_the_job_merges_variant_columns_as_delta_merges_them(
     spark: Any, tmp_path: Path, widened: bool
 ) -> None:
+    _merge_both_and_compare(spark, spark, tmp_path, widened=widened)
+
+
+def test_on_spark_connect_the_job_merges_a_widened_table_with_variant_columns_as_delta_does(
+    spark: Any, connect_spark: Any, tmp_path: Path
+) -> None:
+    """The job on a Spark Connect session: files written before the widening read by pyarrow and up-cast,
+    VARIANT values from the statement's source written as Delta stores them; Delta merges a copy."""
+    _merge_both_and_compare(spark, connect_spark, tmp_path, widened=True)
+
+
+def _merge_both_and_compare(spark: Any, job_session: Any, tmp_path: Path, *, widened: bool) -> None:
+    """Delta (on ``spark``) creates the table and merges one copy; the job (on ``job_session``) the other."""
     from spark_jobs.delta_merge import run_merge
 
     table = tmp_path / "t"
@@ -47,20 +60,18 @@ def test_the_job_merges_variant_columns_as_delta_merges_them(
     job, delta = tmp_path / "job", tmp_path / "delta"
     shutil.copytree(table, job)
     shutil.copytree(table, delta)
-    source = spark.sql(
-        "SELECT id, parse_json(concat('{\"new\": ', id * 10, ', \"nested\": {\"x\": \"', id, '\"}}')) AS j "
-        "FROM VALUES (2L), (3L), (6L), (11L) AS v(id)"
-    )
+    query = ("SELECT id, parse_json(concat('{\"new\": ', id * 10, ', \"nested\": {\"x\": \"', id, "
+             "'\"}}')) AS j FROM VALUES (2L), (3L), (6L), (11L) AS v(id)")  # fmt: skip
     # The job's Parquet source cannot hold a VARIANT: the statement's source is a query over a view.
-    source.createOrReplaceTempView("variant_source")
+    job_session.sql(query).createOrReplaceTempView("variant_source")
     spec = {"target": {"uri": str(job)}, "source": {"query": "SELECT * FROM variant_source"},
             "merge_sql": MERGE.format(target="target")}  # fmt: skip
     try:
-        metrics = run_merge(spark, spec).to_dict()
-        source.createOrReplaceTempView("source")
+        metrics = run_merge(job_session, spec).to_dict()
+        spark.sql(query).createOrReplaceTempView("source")
         spark.sql(MERGE.format(target=f"delta.`{delta}`")).collect()
     finally:
-        spark.catalog.dropTempView("variant_source")
+        job_session.catalog.dropTempView("variant_source")
         spark.catalog.dropTempView("source")
     names = ("numTargetRowsDeleted", "numTargetRowsUpdated", "numTargetRowsInserted")
     assert tuple(metrics[name] for name in names) == (1, 1, 1)
