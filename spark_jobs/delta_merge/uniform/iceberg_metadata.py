@@ -16,6 +16,9 @@ commit: an Iceberg v2 table at the Delta table's root whose metadata lives in ``
   commit, another writer without UniForm).
 - **Metadata only.** A version that changes no file writes new metadata (schema, properties) without a
   snapshot.
+- **Unreadable history.** Newest metadata whose manifests cannot be read (another writer's, at another
+  root; a table copied or moved since) is not built on: the Iceberg table starts anew (a new table uuid,
+  every file added) in a metadata file numbered after it.
 
 pyiceberg writes the manifests, the manifest list and the metadata JSON. Only choosing the entries and
 naming the files is written here: pyiceberg has no catalog for a path-based table, and its own
@@ -24,6 +27,7 @@ naming the files is written here: pyiceberg has no catalog for a path-based tabl
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import time
@@ -73,6 +77,8 @@ from spark_jobs.delta_merge.uniform.iceberg_schema import data_file, iceberg_par
 
 __all__ = ["IcebergConversion", "convert_to_iceberg", "latest_metadata_location"]
 
+log = logging.getLogger("delta_merge")
+
 DELTA_VERSION_PROPERTY = "delta-version"
 DELTA_TIMESTAMP_PROPERTY = "delta-timestamp"
 NAME_MAPPING_PROPERTY = "schema.name-mapping.default"
@@ -110,6 +116,17 @@ def convert_to_iceberg(
     current = FromInputFile.table_metadata(io.new_input(current_location)) if current_location else None
     if current is not None and int(current.properties.get(DELTA_VERSION_PROPERTY, "-1")) >= snapshot.version:
         return None
+    previous: dict[str, ManifestEntry] = {}
+    if current is not None:
+        try:
+            previous = _live_entries(current, io)
+        except (OSError, ValueError) as exc:
+            # Metadata another writer left whose manifests are not where it says (a table copied or moved
+            # since, or written at another root): the Iceberg history starts anew after it.
+            log.warning("UniForm: the files of Iceberg metadata %s cannot be read (%s: %s); the Iceberg "
+                        "table starts anew at Delta version %d", current_location, type(exc).__name__, exc,
+                        snapshot.version)  # fmt: skip
+            current = None
     schema = iceberg_schema(snapshot.schema)
     spec = iceberg_partition_spec(schema, snapshot.partition_columns)
     base = current if current is not None else _new_table(snapshot, location, schema, spec)
@@ -121,7 +138,6 @@ def convert_to_iceberg(
         updates += [AddSchemaUpdate(schema=schema), SetCurrentSchemaUpdate.model_validate({"schema-id": -1})]
     mode = snapshot.column_mapping_mode
     files = {_file_path(location, f.path): f for f in snapshot.files}
-    previous = _live_entries(base, io)
     added = [
         data_file(
             files[p],
@@ -149,7 +165,9 @@ def convert_to_iceberg(
                                     "snapshot-id": new_snapshot.snapshot_id}),
         ]
     updates.append(SetPropertiesUpdate(updates=_properties(snapshot, schema, commit_timestamp_ms)))
-    metadata = update_table_metadata(base, tuple(updates), metadata_location=current_location)
+    metadata = update_table_metadata(
+        base, tuple(updates), metadata_location=current_location if current is not None else None
+    )
     number = _metadata_number(current_location) + 1 if current_location else 0
     metadata_location = f"{location}/metadata/{number:05d}-{uuid.uuid4()}.metadata.json"
     ToOutputFile.table_metadata(metadata, io.new_output(metadata_location))

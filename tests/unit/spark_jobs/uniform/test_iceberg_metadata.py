@@ -159,3 +159,20 @@ def test_iceberg_is_enabled_where_the_formats_name_it() -> None:
     assert uniform_iceberg_enabled({"delta.universalFormat.enabledFormats": "hudi, ICEBERG"})
     assert not uniform_iceberg_enabled({"delta.universalFormat.enabledFormats": "hudi"})
     assert not uniform_iceberg_enabled({})
+
+
+def test_a_table_moved_with_its_iceberg_metadata_starts_a_new_iceberg_history(tmp_path: Path) -> None:
+    """Its newest metadata lists manifests at the old root, which no longer exist."""
+    old_root, new_root = tmp_path / "old", tmp_path / "new"
+    first = convert_to_iceberg(_snapshot(old_root, 1, ["p=a/one.parquet"]))
+    assert first is not None
+    shutil.move(old_root, new_root)
+    moved = convert_to_iceberg(_snapshot(new_root, 2, ["p=a/one.parquet", "p=a/two.parquet"]))
+    assert moved is not None
+    assert (moved.operation, moved.added_files, moved.deleted_files) == ("append", 2, 0)
+    assert Path(moved.metadata_location).name.startswith("00001-")
+    table = StaticTable.from_metadata(moved.metadata_location)
+    assert list(table.metadata.metadata_log) == []
+    assert {task.file.file_path for task in table.scan().plan_files()} == {
+        f"file://{new_root}/p=a/one.parquet", f"file://{new_root}/p=a/two.parquet"
+    }
