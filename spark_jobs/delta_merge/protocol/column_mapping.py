@@ -29,6 +29,7 @@ from spark_jobs.delta_merge.sql_names import quoted_name
 
 __all__ = [
     "ARROW_FIELD_ID_KEY",
+    "COLUMN_ID_KEY",
     "MAX_COLUMN_ID_PROPERTY",
     "MODES",
     "MODE_PROPERTY",
@@ -47,7 +48,7 @@ __all__ = [
 
 MODE_PROPERTY = "delta.columnMapping.mode"
 MAX_COLUMN_ID_PROPERTY = "delta.columnMapping.maxColumnId"
-_ID_KEY = "delta.columnMapping.id"
+COLUMN_ID_KEY = _ID_KEY = "delta.columnMapping.id"
 _PHYSICAL_NAME_KEY = "delta.columnMapping.physicalName"
 # {"<physical name>.element" | ".key" | ".value" (chained for deeper levels): id}, on the nearest struct
 # field: where Delta keeps the ids of array elements and map keys and values (PROTOCOL.md, IcebergCompatV2).

@@ -50,14 +50,13 @@ from pyiceberg.types import (
 from pyspark.sql import types as T
 
 from spark_jobs.delta_merge.errors import MergeExecutionError
-from spark_jobs.delta_merge.protocol.column_mapping import NESTED_IDS_KEY, physical_name
+from spark_jobs.delta_merge.protocol.column_mapping import COLUMN_ID_KEY, NESTED_IDS_KEY, physical_name
 from spark_jobs.delta_merge.protocol.files import LiveFile
 from spark_jobs.delta_merge.protocol.partition_values import HIVE_DEFAULT_PARTITION, parse_partition_value
 from spark_jobs.delta_merge.protocol.type_widening import TYPE_CHANGES
 
 __all__ = ["data_file", "iceberg_partition_spec", "iceberg_schema"]
 
-_ID_KEY = "delta.columnMapping.id"
 # Iceberg numbers partition fields from 1000 (PARTITION_DATA_ID_START), as Delta's converter does.
 _FIRST_PARTITION_FIELD_ID = 1000
 # Delta's default delta.dataSkippingStringPrefixLength: a longer maximum was truncated.
@@ -128,7 +127,7 @@ def data_file(
         for field, low, high, null_count in _stat_leaves(
             data_fields, stats.min_values, stats.max_values, stats.null_count, mode
         ):
-            field_id = int(field.metadata[_ID_KEY])
+            field_id = int(field.metadata[COLUMN_ID_KEY])
             if isinstance(null_count, int):
                 nulls[field_id] = null_count
             if TYPE_CHANGES in field.metadata:
@@ -153,15 +152,15 @@ def data_file(
 
 
 def _nested_field(field: T.StructField) -> NestedField:
-    if _ID_KEY not in field.metadata:
+    if COLUMN_ID_KEY not in field.metadata:
         raise MergeExecutionError(
             f"Column {field.name} has no column mapping id (delta.columnMapping.id), which its Iceberg field "
             "id must be: the IcebergCompatV2 table's schema is invalid."
         )
     nested = field.metadata.get(NESTED_IDS_KEY) or {}
-    name = str(field.metadata.get("delta.columnMapping.physicalName", field.name))
+    name = physical_name(field, "name")  # nested ids are keyed by the physical name in either mode
     return NestedField(
-        field_id=int(field.metadata[_ID_KEY]),
+        field_id=int(field.metadata[COLUMN_ID_KEY]),
         name=field.name,
         field_type=_iceberg_type(field.dataType, nested, name, field.name),
         required=not field.nullable,
