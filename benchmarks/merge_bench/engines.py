@@ -9,6 +9,7 @@ import os
 import shutil
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -89,6 +90,8 @@ def job_engine(spark: SparkSession, *, copy_on_write: bool = False, delta: bool 
 
     def run(case: MergeCase, source: SourceInfo, target: Path, scratch: Path) -> Outcome:
         spec = job_spec(case, source, target)
+        group = f"merge-benchmark-{uuid.uuid4().hex}"
+        spark.sparkContext.setJobGroup(group, case.name)
         if delta:
             # The key Delta's commit is found by; every run starts from the pristine table, so one serves.
             spec |= {"options": {"engine": "delta"}, "run": {"app_id": "merge-benchmark", "app_version": 1}}
@@ -97,6 +100,8 @@ def job_engine(spark: SparkSession, *, copy_on_write: bool = False, delta: bool 
                 metrics = run_merge(spark, spec).to_dict()
         else:
             metrics = run_merge(spark, spec).to_dict()
+        metrics |= spark_jobs_of(spark, group)
+        spark.sparkContext.setJobGroup("", "")  # later engines' jobs belong to no merge
         spark.catalog.clearCache()
         return Outcome(
             metrics["numTargetFilesRemoved"],
@@ -109,6 +114,26 @@ def job_engine(spark: SparkSession, *, copy_on_write: bool = False, delta: bool 
         )
 
     return run
+
+
+def spark_jobs_of(spark: SparkSession, group: str) -> dict[str, int]:
+    """The Spark jobs of a job group (read from the classic session's status store): how many, and the
+    milliseconds during which at least one of them ran. The rest of a merge's time is the driver's own
+    work (planning, Python, the log, the commit) and the wait between jobs."""
+    context = spark.sparkContext
+    store = context._jsc.sc().statusStore()
+    spans = []
+    for job_id in context.statusTracker().getJobIdsForGroup(group):
+        job = store.job(job_id)
+        if job.submissionTime().isDefined() and job.completionTime().isDefined():
+            spans.append((job.submissionTime().get().getTime(), job.completionTime().get().getTime()))
+    busy, reached = 0, None
+    for start, end in sorted(spans):
+        start = start if reached is None else max(start, reached)
+        if end > start:
+            busy += end - start
+        reached = end if reached is None else max(reached, end)
+    return {"sparkJobs": len(context.statusTracker().getJobIdsForGroup(group)), "sparkJobMs": busy}
 
 
 def job_spec(case: MergeCase, source: SourceInfo, target: Path) -> dict[str, Any]:
@@ -332,10 +357,15 @@ def start_spark(driver_memory: str, *, with_delta: bool = False) -> SparkSession
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from spark_jobs.delta_merge.spark_confs import JOB_SESSION_CONFS
+
+    # The session the submitted job creates for itself (its JOB_SESSION_CONFS), for every engine.
     builder = SparkSession.builder
+    for key, value in JOB_SESSION_CONFS.items():
+        builder = builder.config(key, value)
     if with_delta:
-        if str(ROOT) not in sys.path:
-            sys.path.insert(0, str(ROOT))
         from tests.support.delta_spark import delta_session_confs
 
         for key, value in delta_session_confs().items():

@@ -71,6 +71,10 @@ def summarize(
                     row |= {"deletion_vectors": dv["added"] + dv["updated"], "rows_marked": dv["rows_marked"]}
                     # What the median run cost its Spark session: the time of each stage.
                     row["stage_ms"] = closest["raw"].get("stageTimesMs") or []
+                    # Its Spark jobs, and the time none ran: the driver's own work and the waits between.
+                    if "sparkJobs" in closest["raw"]:
+                        row["spark_jobs"] = closest["raw"]["sparkJobs"]
+                        row["driver_seconds"] = closest_run["seconds"] - closest["raw"]["sparkJobMs"] / 1000
             rows.append(row)
         bases = (
             ("naive", "ratio_vs_naive"),
@@ -150,6 +154,9 @@ def print_report(summary: Sequence[Mapping[str, Any]], targets: Sequence[Mapping
             stages = ", ".join(f"{stage['stage'].removeprefix('MERGE operation - ')} {stage['ms']}"
                                for stage in row["stage_ms"])  # fmt: skip
             print(f"  {row['case']} [{row['engine']}]: {stages}")
+            if row.get("spark_jobs") is not None:
+                print(f"      {row['spark_jobs']} Spark jobs; outside them (driver work, waits) "
+                      f"{row['driver_seconds']:.3f} s of the run's time")
     bases = ", ".join(dict.fromkeys(goal["base"] for goal in targets))
     print(f"\n== targets (this job vs {bases}) ==")
     for goal in targets:

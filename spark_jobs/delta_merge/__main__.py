@@ -72,9 +72,12 @@ def main(argv: list[str] | None = None) -> int:
         from pyspark.sql import SparkSession
 
         from spark_jobs.delta_merge.pipeline import run_merge
+        from spark_jobs.delta_merge.spark_confs import JOB_SESSION_CONFS
 
         # spark.log.level: Spark's log level from the context's start (a submitted conf still wins).
         builder = SparkSession.builder.appName(f"delta-merge {spec.target.uri}")
+        for key, value in JOB_SESSION_CONFS.items():
+            builder = builder.config(key, value)
         spark = builder.config("spark.log.level", "WARN").getOrCreate()
         context = spark.sparkContext
         print(application_line(context.applicationId, context.uiWebUrl), file=sys.stderr, flush=True)

@@ -10,7 +10,14 @@ from pyspark.sql import SparkSession
 
 from spark_jobs.delta_merge.errors import MergeSpecError
 
-__all__ = ["session_confs", "size_conf"]
+__all__ = ["JOB_SESSION_CONFS", "session_confs", "size_conf"]
+
+
+# The confs of the session the submitted job creates. PySpark's DataFrame debugging records the Python call
+# site of every Column and DataFrame call in the JVM (four more Py4J calls each, and a walk of the Python
+# stack): hundreds per merge, a tenth of a second or more of its driver work. The job's errors name the
+# statement, not a line of the job's own code, so the call sites would tell a user nothing.
+JOB_SESSION_CONFS = {"spark.python.sql.dataFrameDebugging.enabled": "false"}
 
 
 def size_conf(spark: SparkSession, name: str, default: int, *, never: str) -> int:
