@@ -13,7 +13,7 @@ import pytest
 from spark_jobs.delta_merge.errors import MultipleSourceRowMatchesError
 from spark_jobs.delta_merge.merge.touched_files import ACTS_COLUMN, count_pairs_per_file
 from spark_jobs.delta_merge.scan.table_scan import FILE_KEY_COLUMN, ROW_INDEX_COLUMN
-from tests.support.delta_reader import read_rows, table_version
+from tests.support.delta_reader import read_rows, read_rows_with_kernel, table_version
 from tests.unit.spark_jobs.test_pipeline import kv, live_files, make_target, merge, parquet_source
 
 
@@ -81,6 +81,7 @@ def test_touched_files_and_counts_are_the_same_broadcast_or_shuffled(
     expected = [(i, f"v{i}") for i in range(40) if i != 14]
     expected = sorted([*(r if r[0] != 15 else (15, "new") for r in expected), (99, "in")])
     assert sorted(tuple(r) for r in read_rows(target, columns=["id", "v"])) == expected
+    assert sorted(tuple(r) for r in read_rows_with_kernel(target, columns=["id", "v"])) == expected
 
 
 def test_two_source_rows_on_one_target_row_fail_broadcast_or_shuffled(
