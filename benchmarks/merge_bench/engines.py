@@ -122,8 +122,9 @@ def spark_jobs_of(spark: SparkSession, group: str) -> dict[str, int]:
     work (planning, Python, the log, the commit) and the wait between jobs."""
     context = spark.sparkContext
     store = context._jsc.sc().statusStore()
+    job_ids = context.statusTracker().getJobIdsForGroup(group)
     spans = []
-    for job_id in context.statusTracker().getJobIdsForGroup(group):
+    for job_id in job_ids:
         job = store.job(job_id)
         if job.submissionTime().isDefined() and job.completionTime().isDefined():
             spans.append((job.submissionTime().get().getTime(), job.completionTime().get().getTime()))
@@ -133,7 +134,7 @@ def spark_jobs_of(spark: SparkSession, group: str) -> dict[str, int]:
         if end > start:
             busy += end - start
         reached = end if reached is None else max(reached, end)
-    return {"sparkJobs": len(context.statusTracker().getJobIdsForGroup(group)), "sparkJobMs": busy}
+    return {"sparkJobs": len(job_ids), "sparkJobMs": busy}
 
 
 def job_spec(case: MergeCase, source: SourceInfo, target: Path) -> dict[str, Any]:

@@ -137,12 +137,10 @@ def count_pairs_per_file(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.Recor
     """Spark task (``mapInArrow`` over (file key, row index, acts) pairs holding every pair of their
     target rows): per file, the most pairs of one target row, its matched target rows, whether a MATCHED
     clause may act on one, and the pairs beyond one per target row."""
-    received = list(batches)
+    received = [batch for batch in batches if batch.num_rows]
     if not received:
         return
     pairs = pa.Table.from_batches(received)
-    if pairs.num_rows == 0:
-        return
     per_row = pairs.group_by([FILE_KEY_COLUMN, ROW_INDEX_COLUMN], use_threads=False).aggregate(
         [(ACTS_COLUMN, "count"), (ACTS_COLUMN, "max")]
     )

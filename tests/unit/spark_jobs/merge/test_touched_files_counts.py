@@ -82,6 +82,8 @@ def test_touched_files_and_counts_are_the_same_broadcast_or_shuffled(
     expected = sorted([*(r if r[0] != 15 else (15, "new") for r in expected), (99, "in")])
     assert sorted(tuple(r) for r in read_rows(target, columns=["id", "v"])) == expected
     assert sorted(tuple(r) for r in read_rows_with_kernel(target, columns=["id", "v"])) == expected
+    by_delta = spark.read.format("delta").load(str(target)).select("id", "v").collect()
+    assert sorted(tuple(r) for r in by_delta) == expected
 
 
 def test_two_source_rows_on_one_target_row_fail_broadcast_or_shuffled(
