@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import importlib
 import json
 import os
 import sys
@@ -27,6 +26,7 @@ from typing import Any
 import merge_benchmark
 from merge_bench import ROOT
 from merge_bench.cases import DEFAULT_CASES, DV_CASES
+from merge_bench.report import MATPLOTLIB_MISSING, pyplot
 
 COPY_ON_WRITE_ENGINES = ("job", "delta-rs", "arrow-floor", "spark-floor")
 MERGE_ON_READ_ENGINES = ("job", "delta-rs")
@@ -142,13 +142,10 @@ def print_table(runs: Sequence[Mapping[str, Any]]) -> None:
 
 def plot(scaling: Mapping[str, Any], path: Path) -> str | None:
     """Seconds against rows, both logarithmic, one panel per case; None when drawn, else why not."""
-    try:
-        matplotlib: Any = importlib.import_module("matplotlib")
-    except ImportError:
-        return "matplotlib is not installed; see benchmarks/README.md"
-    matplotlib.use("Agg")
-    plt: Any = importlib.import_module("matplotlib.pyplot")
-    ticker: Any = importlib.import_module("matplotlib.ticker")
+    charting = pyplot()
+    if charting is None:
+        return MATPLOTLIB_MISSING
+    plt, ticker = charting
     by_case = points(scaling["runs"])
     cases = [case for case in DEFAULT_CASES if case in by_case]
     files = scaling["config"]["files"]

@@ -20,10 +20,12 @@ from .cases import CATALOG, TARGETS, Target
 from .engines import REFERENCE_ENGINES
 
 __all__ = [
+    "MATPLOTLIB_MISSING",
     "check_targets",
     "machine_info",
     "plot",
     "print_report",
+    "pyplot",
     "summarize",
     "upsert_points",
     "write_outputs",
@@ -254,19 +256,30 @@ def _chart_title(results: Mapping[str, Any]) -> str:
     )
 
 
+MATPLOTLIB_MISSING = "matplotlib is not installed; see benchmarks/README.md"
+
+
+def pyplot() -> tuple[Any, Any] | None:
+    """matplotlib's ``pyplot`` (drawing to files, no display) and ``ticker``, or None without matplotlib
+    (the optional ``bench`` extra)."""
+    try:
+        matplotlib: Any = importlib.import_module("matplotlib")
+    except ImportError:
+        return None
+    matplotlib.use("Agg")
+    return importlib.import_module("matplotlib.pyplot"), importlib.import_module("matplotlib.ticker")
+
+
 def plot(results: Mapping[str, Any], path: Path) -> str | None:
     """Median seconds (log scale) against the fraction of the files the upsert cases touch, one line per
     engine; None when drawn, else why not (no upsert case measured, or no matplotlib)."""
     points = upsert_points(results)
     if not points:
         return "no upsert case measured"
-    try:
-        matplotlib: Any = importlib.import_module("matplotlib")
-    except ImportError:
-        return "matplotlib is not installed; see benchmarks/README.md"
-    matplotlib.use("Agg")
-    plt: Any = importlib.import_module("matplotlib.pyplot")
-    ticker: Any = importlib.import_module("matplotlib.ticker")
+    charting = pyplot()
+    if charting is None:
+        return MATPLOTLIB_MISSING
+    plt, ticker = charting
     deletion_vectors = bool(results["config"].get("deletion_vectors"))
     figure, axes = plt.subplots(figsize=(9.0, 6.0))
     for engine, line in points.items():
