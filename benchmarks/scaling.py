@@ -200,9 +200,11 @@ def plot(scaling: Mapping[str, Any], path: Path) -> str | None:
             handles.setdefault(label, handle)
     figure.legend(handles.values(), handles.keys(), loc="lower center", ncol=3, fontsize=9)
     loads = [results["machine"]["load_average_at_start"][0] for results in scaling["runs"]]
+    cores = sorted({str(results["machine"]["cpu_count"]) for results in scaling["runs"]})
     figure.suptitle(
-        f"MERGE time against table size, 2 cores; medians of {scaling['config']['repeats']} run(s) per "
-        f"point; load average {min(loads):.1f}-{max(loads):.1f} at the start of each run", fontsize=11,
+        f"MERGE time against table size, {'/'.join(cores)} cores; medians of "
+        f"{scaling['config']['repeats']} run(s) per point; load average {min(loads):.1f}-{max(loads):.1f} "
+        "at the start of each run", fontsize=11,
     )  # fmt: skip
     figure.tight_layout(rect=(0.0, 0.07, 1.0, 1.0))
     figure.savefig(path, dpi=110)
